@@ -1,0 +1,191 @@
+//! The contract between the transport and registered memory.
+//!
+//! The transport (`rc`) never touches application memory directly: every placement
+//! (incoming SEND/WRITE payload, READ response data, atomic) and every fetch (outgoing
+//! SEND/WRITE payload, READ response generation) goes through [`MemoryAccess`], which
+//! validates key, protection domain, bounds, access rights, window binding and state,
+//! and then copies. Tests substitute plain buffers; the memory subsystem implements it for
+//! real regions and windows.
+
+/// Access rights, with the bit values of libibverbs' `enum ibv_access_flags`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Access(pub u32);
+
+impl Access {
+    /// No rights beyond local read (which every region has).
+    pub const NONE: Access = Access(0);
+    /// `IBV_ACCESS_LOCAL_WRITE`
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// `IBV_ACCESS_REMOTE_READ`
+    pub const REMOTE_READ: Access = Access(4);
+    /// `IBV_ACCESS_REMOTE_ATOMIC`
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// `IBV_ACCESS_MW_BIND`
+    pub const MW_BIND: Access = Access(16);
+    /// `IBV_ACCESS_ZERO_BASED`
+    pub const ZERO_BASED: Access = Access(32);
+    /// `IBV_ACCESS_ON_DEMAND`
+    pub const ON_DEMAND: Access = Access(64);
+    /// `IBV_ACCESS_HUGETLB`
+    pub const HUGETLB: Access = Access(128);
+    /// `IBV_ACCESS_FLUSH_GLOBAL`
+    pub const FLUSH_GLOBAL: Access = Access(256);
+    /// `IBV_ACCESS_FLUSH_PERSISTENT`
+    pub const FLUSH_PERSISTENT: Access = Access(512);
+    /// `IBV_ACCESS_RELAXED_ORDERING` (the first optional flag: may be ignored)
+    pub const RELAXED_ORDERING: Access = Access(1 << 20);
+    /// Optional flags (`IBV_ACCESS_OPTIONAL_RANGE`): accepted and ignored when not supported.
+    pub const OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+    /// True when every bit of `other` is set in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Bitwise union.
+    pub const fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        self.union(rhs)
+    }
+}
+
+/// Who is asking: the protection domain and queue pair on whose behalf memory is touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AccessCtx {
+    /// Protection domain handle of the QP.
+    pub pd: u32,
+    /// The local QP number (type 2 windows are usable only through the QP they are bound to).
+    pub qpn: u32,
+}
+
+/// A 64-bit atomic operation on 8 naturally aligned bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// If the current value equals `compare`, store `swap`. Returns the original value.
+    CompareSwap {
+        /// Value compared with the target.
+        compare: u64,
+        /// Value stored when equal.
+        swap: u64,
+    },
+    /// Add `add` (wrapping). Returns the original value.
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+/// Why a memory access was refused. Each maps to a NAK or a completion status in the transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// No region or window has this key (or its key part is stale).
+    #[error("invalid key {0:#010x}")]
+    InvalidKey(u32),
+    /// The key exists but belongs to another protection domain.
+    #[error("key {0:#010x} belongs to another protection domain")]
+    WrongPd(u32),
+    /// `[iova, iova+len)` is not inside the region or window (or overflows).
+    #[error("range {iova:#x}+{len} outside key {key:#010x}")]
+    OutOfBounds {
+        /// Key used.
+        key: u32,
+        /// Start address asked for.
+        iova: u64,
+        /// Length asked for.
+        len: u64,
+    },
+    /// The region or window lacks a required right.
+    #[error("key {key:#010x} lacks access {needed:#x}")]
+    AccessDenied {
+        /// Key used.
+        key: u32,
+        /// Rights that were required.
+        needed: u32,
+    },
+    /// The key was invalidated (LOCAL_INV, SEND with Invalidate, or an unmap of its memory).
+    #[error("key {0:#010x} was invalidated")]
+    Invalidated(u32),
+    /// The region is suspended; the requester should back off and retry (RNR NAK).
+    #[error("key {0:#010x} is suspended")]
+    Suspended(u32),
+    /// A type 2 window bound to another QP.
+    #[error("key {0:#010x} is bound to another queue pair")]
+    WrongQp(u32),
+    /// An atomic on an address that is not 8-byte aligned.
+    #[error("atomic at unaligned address {0:#x}")]
+    Misaligned(u64),
+    /// The memory behind the key faulted while being copied (it was unmapped).
+    #[error("memory behind key {0:#010x} faulted")]
+    Fault(u32),
+    /// An operation not valid for this kind of key (for example bind on a region key).
+    #[error("invalid operation on key {0:#010x}")]
+    InvalidOperation(u32),
+}
+
+/// Registered-memory access as the transport needs it. Implementations must be usable from
+/// several threads at once and never touch a byte outside a validated range.
+pub trait MemoryAccess {
+    /// Check that `[iova, iova+len)` under `key` is accessible with `access` by `ctx`,
+    /// without touching memory (used on the first packet of a WRITE and for local SGEs).
+    fn check(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(), AccessError>;
+
+    /// Copy `data` into `[iova, iova+data.len())` under `key`, requiring `access`
+    /// (`REMOTE_WRITE` for an incoming WRITE, `LOCAL_WRITE` for receive buffers and READ
+    /// responses).
+    fn write(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        data: &[u8],
+        access: Access,
+    ) -> Result<(), AccessError>;
+
+    /// Copy `[iova, iova+out.len())` under `key` into `out`, requiring `access`
+    /// (`REMOTE_READ` for an incoming READ, `NONE` for local gathers).
+    fn read(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        out: &mut [u8],
+        access: Access,
+    ) -> Result<(), AccessError>;
+
+    /// Execute an atomic on the 8 bytes at `iova` (must be 8-aligned) under `key`, which
+    /// needs `REMOTE_ATOMIC`. Values are in host order. Returns the original value.
+    fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp) -> Result<u64, AccessError>;
+
+    /// Invalidate `key` (LOCAL_INV work request, or an incoming SEND with Invalidate). Only
+    /// keys of `ctx.pd` may be invalidated; a type 2 window only through the QP it is bound to.
+    fn invalidate(&self, ctx: AccessCtx, key: u32) -> Result<(), AccessError>;
+
+    /// Bind the type 2 window whose current key is `mw_key` to `[iova, iova+len)` of the region
+    /// `mr_lkey`, with `access`, on QP `ctx.qpn`; afterwards its R_Key is `new_rkey`, which
+    /// differs from `mw_key` only in its low 8 bits (as `ibv_inc_rkey`).
+    #[allow(clippy::too_many_arguments)]
+    fn bind_mw(
+        &self,
+        ctx: AccessCtx,
+        mw_key: u32,
+        new_rkey: u32,
+        mr_lkey: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(), AccessError>;
+}
