@@ -6,4 +6,5 @@
 #![warn(missing_debug_implementations)]
 
 pub mod mem;
+pub mod rc;
 pub mod wire;

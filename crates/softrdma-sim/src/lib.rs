@@ -1,0 +1,1 @@
+//! Deterministic simulation of softrdma endpoints over a faulty virtual network.

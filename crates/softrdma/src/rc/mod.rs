@@ -1,0 +1,1 @@
+//! Reliable Connected transport (sans-IO).
