@@ -8,7 +8,11 @@ use libfuzzer_sys::fuzz_target;
 use softrdma::wire::{ICRC_LEN, IcrcContext, Packet};
 
 fuzz_target!(|data: &[u8]| {
-    let ctx = IcrcContext::v4(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 0xc000);
+    let ctx = IcrcContext::v4(
+        Ipv4Addr::new(10, 0, 0, 1),
+        Ipv4Addr::new(10, 0, 0, 2),
+        0xc000,
+    );
     let _ = Packet::parse_verified(&ctx, data);
     let Ok(p) = Packet::parse(data) else { return };
     let mut out = vec![0u8; p.buffer_len()];

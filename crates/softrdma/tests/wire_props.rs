@@ -6,20 +6,33 @@ use core::net::Ipv4Addr;
 
 use proptest::prelude::*;
 use softrdma::wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, HeaderRepr, IcrcContext, OpKind,
-    Packet, Position, Psn, RethRepr, Syndrome, opcode::OPCODES,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, HeaderRepr,
+    IcrcContext, OpKind, Packet, Position, Psn, RethRepr, Syndrome, opcode::OPCODES,
 };
 
 fn ctx() -> IcrcContext {
-    IcrcContext::v4(Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2), 0xc0de)
+    IcrcContext::v4(
+        Ipv4Addr::new(127, 0, 0, 1),
+        Ipv4Addr::new(127, 0, 0, 2),
+        0xc0de,
+    )
 }
 
 /// A packet the builder accepts: any opcode, any field values, a payload valid for it.
 fn packet() -> impl Strategy<Value = (HeaderRepr, Vec<u8>)> {
-    (0..OPCODES.len(), any::<[u64; 8]>(), prop::sample::select(vec![256usize, 512, 1024, 2048, 4096]), 0usize..600)
+    (
+        0..OPCODES.len(),
+        any::<[u64; 8]>(),
+        prop::sample::select(vec![256usize, 512, 1024, 2048, 4096]),
+        0usize..600,
+    )
         .prop_map(|(i, r, mtu, len)| {
             let info = &OPCODES[i];
-            let mut bth = BthRepr::new(info.opcode, (r[0] & 0xff_ffff) as u32, Psn::new(r[1] as u32));
+            let mut bth = BthRepr::new(
+                info.opcode,
+                (r[0] & 0xff_ffff) as u32,
+                Psn::new(r[1] as u32),
+            );
             bth.se = r[0] & (1 << 40) != 0;
             bth.ack_req = r[0] & (1 << 41) != 0;
             bth.mig_req = r[0] & (1 << 42) != 0;
@@ -30,21 +43,43 @@ fn packet() -> impl Strategy<Value = (HeaderRepr, Vec<u8>)> {
             use softrdma::wire::Headers as H;
             let hs = info.headers;
             if hs.has(H::DETH) {
-                h.deth = Some(DethRepr { qkey: r[2] as u32, src_qp: (r[2] >> 40) as u32 & 0xff_ffff });
+                h.deth = Some(DethRepr {
+                    qkey: r[2] as u32,
+                    src_qp: (r[2] >> 40) as u32 & 0xff_ffff,
+                });
             }
             if hs.has(H::FETH) {
-                h.feth = Some(FethRepr { sel: (r[3] & 3) as u8, plt: ((r[3] >> 2) & 0xf) as u8 });
+                h.feth = Some(FethRepr {
+                    sel: (r[3] & 3) as u8,
+                    plt: ((r[3] >> 2) & 0xf) as u8,
+                });
             }
             if hs.has(H::RETH) {
-                h.reth = Some(RethRepr { va: r[4], rkey: r[5] as u32, dma_len: (r[5] >> 32) as u32 });
+                h.reth = Some(RethRepr {
+                    va: r[4],
+                    rkey: r[5] as u32,
+                    dma_len: (r[5] >> 32) as u32,
+                });
             }
             if hs.has(H::ATOMIC_ETH) {
-                h.atomic_eth = Some(AtomicEthRepr { va: r[4], rkey: r[5] as u32, swap_add: r[6], compare: r[7] });
+                h.atomic_eth = Some(AtomicEthRepr {
+                    va: r[4],
+                    rkey: r[5] as u32,
+                    swap_add: r[6],
+                    compare: r[7],
+                });
             }
             if hs.has(H::AETH) {
                 let syn = Syndrome::from_byte((r[3] >> 8) as u8 & 0x7f);
-                let syn = if matches!(syn, Syndrome::Reserved(_)) { Syndrome::Ack { credits: 0 } } else { syn };
-                h.aeth = Some(AethRepr { syndrome: syn, msn: (r[6] as u32) & 0xff_ffff });
+                let syn = if matches!(syn, Syndrome::Reserved(_)) {
+                    Syndrome::Ack { credits: 0 }
+                } else {
+                    syn
+                };
+                h.aeth = Some(AethRepr {
+                    syndrome: syn,
+                    msn: (r[6] as u32) & 0xff_ffff,
+                });
             }
             if hs.has(H::ATOMIC_ACK_ETH) {
                 h.atomic_ack_eth = Some(AtomicAckEthRepr { orig: r[7] });

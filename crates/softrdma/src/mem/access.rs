@@ -168,7 +168,8 @@ pub trait MemoryAccess {
 
     /// Execute an atomic on the 8 bytes at `iova` (must be 8-aligned) under `key`, which
     /// needs `REMOTE_ATOMIC`. Values are in host order. Returns the original value.
-    fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp)
+    -> Result<u64, AccessError>;
 
     /// Invalidate `key` (LOCAL_INV work request, or an incoming SEND with Invalidate). Only
     /// keys of `ctx.pd` may be invalidated; a type 2 window only through the QP it is bound to.

@@ -128,7 +128,10 @@ pub struct AethRepr {
 impl AethRepr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]>>(h: &Aeth<T>) -> Result<AethRepr> {
-        Ok(AethRepr { syndrome: Syndrome::from_byte(h.syndrome()), msn: h.msn() })
+        Ok(AethRepr {
+            syndrome: Syndrome::from_byte(h.syndrome()),
+            msn: h.msn(),
+        })
     }
     /// Emit (the MSN is taken modulo 2^24).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Aeth<T>) {
@@ -148,8 +151,14 @@ mod tests {
             assert_eq!(Syndrome::from_byte(b).to_byte(), b);
         }
         assert_eq!(Syndrome::from_byte(0x1f), Syndrome::Ack { credits: 31 });
-        assert_eq!(Syndrome::from_byte(0x60), Syndrome::Nak(NakCode::PsnSequenceError));
-        assert_eq!(Syndrome::from_byte(0x62), Syndrome::Nak(NakCode::RemoteAccessError));
+        assert_eq!(
+            Syndrome::from_byte(0x60),
+            Syndrome::Nak(NakCode::PsnSequenceError)
+        );
+        assert_eq!(
+            Syndrome::from_byte(0x62),
+            Syndrome::Nak(NakCode::RemoteAccessError)
+        );
         assert_eq!(Syndrome::from_byte(0x2e), Syndrome::RnrNak { timer: 14 });
     }
 
@@ -163,10 +172,16 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let r = AethRepr { syndrome: Syndrome::Nak(NakCode::InvalidRequest), msn: 0xabcdef };
+        let r = AethRepr {
+            syndrome: Syndrome::Nak(NakCode::InvalidRequest),
+            msn: 0xabcdef,
+        };
         let mut b = [0u8; 4];
         r.emit(&mut Aeth::new_unchecked(&mut b[..]));
         assert_eq!(b, [0x61, 0xab, 0xcd, 0xef]);
-        assert_eq!(AethRepr::parse(&Aeth::new_checked(&b[..]).unwrap()).unwrap(), r);
+        assert_eq!(
+            AethRepr::parse(&Aeth::new_checked(&b[..]).unwrap()).unwrap(),
+            r
+        );
     }
 }

@@ -73,10 +73,18 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let r = AtomicEthRepr { va: 0x1000, rkey: 7, swap_add: u64::MAX, compare: 1 };
+        let r = AtomicEthRepr {
+            va: 0x1000,
+            rkey: 7,
+            swap_add: u64::MAX,
+            compare: 1,
+        };
         let mut b = [0u8; 28];
         r.emit(&mut AtomicEth::new_unchecked(&mut b[..]));
-        assert_eq!(AtomicEthRepr::parse(&AtomicEth::new_checked(&b[..]).unwrap()).unwrap(), r);
+        assert_eq!(
+            AtomicEthRepr::parse(&AtomicEth::new_checked(&b[..]).unwrap()).unwrap(),
+            r
+        );
         assert!(AtomicEth::new_checked(&b[..27]).is_err());
     }
 }

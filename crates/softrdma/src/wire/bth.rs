@@ -177,7 +177,9 @@ mod tests {
     use super::*;
 
     // An RC SEND Only BTH with MigReq and AckReq set, as Linux rxe sends them.
-    const SEND_ONLY: [u8; 12] = [0x04, 0x40, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x0e, 0x8a, 0x3c];
+    const SEND_ONLY: [u8; 12] = [
+        0x04, 0x40, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x0e, 0x8a, 0x3c,
+    ];
 
     #[test]
     fn parse_emit_round_trip() {
@@ -194,19 +196,31 @@ mod tests {
 
     #[test]
     fn short_and_reserved_are_errors() {
-        assert!(matches!(Bth::new_checked(&SEND_ONLY[..11]), Err(Error::Truncated { .. })));
+        assert!(matches!(
+            Bth::new_checked(&SEND_ONLY[..11]),
+            Err(Error::Truncated { .. })
+        ));
         let mut b = SEND_ONLY;
         b[8] |= 1;
-        assert_eq!(BthRepr::parse(&Bth::new_unchecked(&b[..])), Err(Error::ReservedBits));
+        assert_eq!(
+            BthRepr::parse(&Bth::new_unchecked(&b[..])),
+            Err(Error::ReservedBits)
+        );
         let mut b = SEND_ONLY;
         b[1] |= 1;
-        assert_eq!(BthRepr::parse(&Bth::new_unchecked(&b[..])), Err(Error::BadVersion(1)));
+        assert_eq!(
+            BthRepr::parse(&Bth::new_unchecked(&b[..])),
+            Err(Error::BadVersion(1))
+        );
     }
 
     #[test]
     fn qpn_out_of_range_is_refused() {
         let r = BthRepr::new(Opcode(4), 1 << 24, Psn::new(0));
         let mut out = [0u8; 12];
-        assert_eq!(r.emit(&mut Bth::new_unchecked(&mut out[..])), Err(Error::FieldRange("dest_qp")));
+        assert_eq!(
+            r.emit(&mut Bth::new_unchecked(&mut out[..])),
+            Err(Error::FieldRange("dest_qp"))
+        );
     }
 }

@@ -44,7 +44,10 @@ impl DethRepr {
         if h.reserved() != 0 {
             return Err(Error::ReservedBits);
         }
-        Ok(DethRepr { qkey: h.qkey(), src_qp: h.src_qp() })
+        Ok(DethRepr {
+            qkey: h.qkey(),
+            src_qp: h.src_qp(),
+        })
     }
     /// Emit.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Deth<T>) -> Result<()> {

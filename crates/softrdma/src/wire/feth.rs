@@ -31,10 +31,17 @@ impl FethRepr {
         if w & !0x3f != 0 {
             return Err(Error::ReservedBits);
         }
-        Ok(FethRepr { sel: ((w >> 4) & 3) as u8, plt: (w & 0xf) as u8 })
+        Ok(FethRepr {
+            sel: ((w >> 4) & 3) as u8,
+            plt: (w & 0xf) as u8,
+        })
     }
     /// Emit.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Feth<T>) {
-        set_u32(h.buffer.as_mut(), 0..4, (u32::from(self.sel & 3) << 4) | u32::from(self.plt & 0xf));
+        set_u32(
+            h.buffer.as_mut(),
+            0..4,
+            (u32::from(self.sel & 3) << 4) | u32::from(self.plt & 0xf),
+        );
     }
 }

@@ -50,7 +50,12 @@ impl IcrcContext {
     /// An IPv4 context as softrdma sends: ID 0, DF set, destination port 4791.
     pub fn v4(src: Ipv4Addr, dst: Ipv4Addr, src_port: u16) -> IcrcContext {
         IcrcContext {
-            ip: IpHeader::V4 { src, dst, id: 0, dont_fragment: true },
+            ip: IpHeader::V4 {
+                src,
+                dst,
+                id: 0,
+                dont_fragment: true,
+            },
             src_port,
             dst_port: super::ROCE_PORT,
         }
@@ -58,7 +63,11 @@ impl IcrcContext {
 
     /// An IPv6 context with destination port 4791.
     pub fn v6(src: Ipv6Addr, dst: Ipv6Addr, src_port: u16) -> IcrcContext {
-        IcrcContext { ip: IpHeader::V6 { src, dst }, src_port, dst_port: super::ROCE_PORT }
+        IcrcContext {
+            ip: IpHeader::V6 { src, dst },
+            src_port,
+            dst_port: super::ROCE_PORT,
+        }
     }
 
     /// The ICRC of a UDP payload whose first `body.len()` bytes are `body` and whose last four
@@ -71,8 +80,14 @@ impl IcrcContext {
         udp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
         udp[4..6].copy_from_slice(&udp_len16.to_be_bytes());
         match self.ip {
-            IpHeader::V4 { src, dst, id, dont_fragment } => {
-                let total = u16::try_from(20 + udp_len).map_err(|_| Error::FieldRange("IP length"))?;
+            IpHeader::V4 {
+                src,
+                dst,
+                id,
+                dont_fragment,
+            } => {
+                let total =
+                    u16::try_from(20 + udp_len).map_err(|_| Error::FieldRange("IP length"))?;
                 let mut ip = [0u8; 20];
                 ip[0] = 0x45;
                 ip[2..4].copy_from_slice(&total.to_be_bytes());
@@ -103,7 +118,11 @@ impl IcrcContext {
 pub fn compute_from_headers(ip: &[u8], udp: &[u8], body: &[u8]) -> Result<u32> {
     let mut u = [0u8; 8];
     if udp.len() < 8 {
-        return Err(Error::Truncated { what: "UDP header", need: 8, have: udp.len() });
+        return Err(Error::Truncated {
+            what: "UDP header",
+            need: 8,
+            have: udp.len(),
+        });
     }
     u.copy_from_slice(&udp[..8]);
     match ip.first().map(|b| b >> 4) {
@@ -120,7 +139,11 @@ pub fn compute_from_headers(ip: &[u8], udp: &[u8], body: &[u8]) -> Result<u32> {
 pub fn carried(udp_payload: &[u8]) -> Result<u32> {
     let n = udp_payload.len();
     if n < ICRC_LEN {
-        return Err(Error::Truncated { what: "ICRC", need: ICRC_LEN, have: n });
+        return Err(Error::Truncated {
+            what: "ICRC",
+            need: ICRC_LEN,
+            have: n,
+        });
     }
     let mut b = [0u8; 4];
     b.copy_from_slice(&udp_payload[n - ICRC_LEN..]);
@@ -133,7 +156,11 @@ fn mask_ipv4(ip: &[u8]) -> Result<([u8; 60], usize)> {
         return Err(Error::BadIpHeader("IPv4 header length below 20"));
     }
     if ip.len() < ihl {
-        return Err(Error::Truncated { what: "IPv4 header", need: ihl, have: ip.len() });
+        return Err(Error::Truncated {
+            what: "IPv4 header",
+            need: ihl,
+            have: ip.len(),
+        });
     }
     let mut m = [0u8; 60];
     m[..ihl].copy_from_slice(&ip[..ihl]);
@@ -146,7 +173,11 @@ fn mask_ipv4(ip: &[u8]) -> Result<([u8; 60], usize)> {
 
 fn mask_ipv6(ip: &[u8]) -> Result<[u8; 40]> {
     if ip.len() < 40 {
-        return Err(Error::Truncated { what: "IPv6 header", need: 40, have: ip.len() });
+        return Err(Error::Truncated {
+            what: "IPv6 header",
+            need: 40,
+            have: ip.len(),
+        });
     }
     let mut m = [0u8; 40];
     m.copy_from_slice(&ip[..40]);
@@ -161,7 +192,11 @@ fn mask_ipv6(ip: &[u8]) -> Result<[u8; 40]> {
 fn crc(ip_masked: &[u8], udp: &mut [u8; 8], body: &[u8]) -> Result<u32> {
     const BTH: usize = 12;
     if body.len() < BTH {
-        return Err(Error::Truncated { what: "BTH", need: BTH, have: body.len() });
+        return Err(Error::Truncated {
+            what: "BTH",
+            need: BTH,
+            have: body.len(),
+        });
     }
     udp[6] = 0xff;
     udp[7] = 0xff;
@@ -184,17 +219,31 @@ mod tests {
     #[test]
     fn synthesized_header_equals_real_header() {
         // A real IPv4 header (ID 0, DF, TTL 64, checksum filled) and the context that describes it.
-        let body = [0x11u8, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 5, 0x1f, 0, 0, 1];
-        let ctx = IcrcContext::v4(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 0xc123);
+        let body = [
+            0x11u8, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0, 0, 0, 5, 0x1f, 0, 0, 1,
+        ];
+        let ctx = IcrcContext::v4(
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::new(10, 0, 0, 2),
+            0xc123,
+        );
         let total = (20 + 8 + body.len() + 4) as u16;
-        let mut ip = [0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0x12, 0x34, 10, 0, 0, 1, 10, 0, 0, 2];
+        let mut ip = [
+            0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0x12, 0x34, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
         ip[2..4].copy_from_slice(&total.to_be_bytes());
         let mut udp = [0xc1, 0x23, 0x12, 0xb7, 0, 0, 0xab, 0xcd];
         udp[4..6].copy_from_slice(&(total - 20).to_be_bytes());
-        assert_eq!(ctx.compute(&body).unwrap(), compute_from_headers(&ip, &udp, &body).unwrap());
+        assert_eq!(
+            ctx.compute(&body).unwrap(),
+            compute_from_headers(&ip, &udp, &body).unwrap()
+        );
         // The ID is covered.
         ip[5] = 1;
-        assert_ne!(ctx.compute(&body).unwrap(), compute_from_headers(&ip, &udp, &body).unwrap());
+        assert_ne!(
+            ctx.compute(&body).unwrap(),
+            compute_from_headers(&ip, &udp, &body).unwrap()
+        );
     }
 
     #[test]

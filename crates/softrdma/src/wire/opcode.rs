@@ -146,7 +146,10 @@ impl OpcodeInfo {
     }
     /// True for packets a requester sends (as opposed to responses and acknowledgements).
     pub const fn is_request(&self) -> bool {
-        !matches!(self.kind, OpKind::ReadResponse | OpKind::Ack | OpKind::AtomicAck)
+        !matches!(
+            self.kind,
+            OpKind::ReadResponse | OpKind::Ack | OpKind::AtomicAck
+        )
     }
     /// True for packets that consume a receive WQE at the responder (SEND, WRITE with immediate).
     pub const fn consumes_recv(&self) -> bool {
@@ -171,7 +174,15 @@ const fn op(
         1 => Transport::Uc,
         _ => Transport::Ud,
     };
-    OpcodeInfo { opcode: Opcode(code), name, transport, kind, position, headers, payload }
+    OpcodeInfo {
+        opcode: Opcode(code),
+        name,
+        transport,
+        kind,
+        position,
+        headers,
+        payload,
+    }
 }
 
 use Headers as H;
@@ -183,42 +194,168 @@ pub const OPCODES: &[OpcodeInfo] = &[
     op(0x00, "RC_SEND_FIRST", Send, First, H::NONE, true),
     op(0x01, "RC_SEND_MIDDLE", Send, Middle, H::NONE, true),
     op(0x02, "RC_SEND_LAST", Send, Last, H::NONE, true),
-    op(0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Send, Last, H::IMMDT, true),
+    op(
+        0x03,
+        "RC_SEND_LAST_WITH_IMMEDIATE",
+        Send,
+        Last,
+        H::IMMDT,
+        true,
+    ),
     op(0x04, "RC_SEND_ONLY", Send, Only, H::NONE, true),
-    op(0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Send, Only, H::IMMDT, true),
+    op(
+        0x05,
+        "RC_SEND_ONLY_WITH_IMMEDIATE",
+        Send,
+        Only,
+        H::IMMDT,
+        true,
+    ),
     op(0x06, "RC_RDMA_WRITE_FIRST", Write, First, H::RETH, true),
     op(0x07, "RC_RDMA_WRITE_MIDDLE", Write, Middle, H::NONE, true),
     op(0x08, "RC_RDMA_WRITE_LAST", Write, Last, H::NONE, true),
-    op(0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, Last, H::IMMDT, true),
+    op(
+        0x09,
+        "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        Write,
+        Last,
+        H::IMMDT,
+        true,
+    ),
     op(0x0a, "RC_RDMA_WRITE_ONLY", Write, Only, H::RETH, true),
-    op(0x0b, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, Only, H::RETH.with(H::IMMDT), true),
-    op(0x0c, "RC_RDMA_READ_REQUEST", ReadRequest, Only, H::RETH, false),
-    op(0x0d, "RC_RDMA_READ_RESPONSE_FIRST", ReadResponse, First, H::AETH, true),
-    op(0x0e, "RC_RDMA_READ_RESPONSE_MIDDLE", ReadResponse, Middle, H::NONE, true),
-    op(0x0f, "RC_RDMA_READ_RESPONSE_LAST", ReadResponse, Last, H::AETH, true),
-    op(0x10, "RC_RDMA_READ_RESPONSE_ONLY", ReadResponse, Only, H::AETH, true),
+    op(
+        0x0b,
+        "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+        Write,
+        Only,
+        H::RETH.with(H::IMMDT),
+        true,
+    ),
+    op(
+        0x0c,
+        "RC_RDMA_READ_REQUEST",
+        ReadRequest,
+        Only,
+        H::RETH,
+        false,
+    ),
+    op(
+        0x0d,
+        "RC_RDMA_READ_RESPONSE_FIRST",
+        ReadResponse,
+        First,
+        H::AETH,
+        true,
+    ),
+    op(
+        0x0e,
+        "RC_RDMA_READ_RESPONSE_MIDDLE",
+        ReadResponse,
+        Middle,
+        H::NONE,
+        true,
+    ),
+    op(
+        0x0f,
+        "RC_RDMA_READ_RESPONSE_LAST",
+        ReadResponse,
+        Last,
+        H::AETH,
+        true,
+    ),
+    op(
+        0x10,
+        "RC_RDMA_READ_RESPONSE_ONLY",
+        ReadResponse,
+        Only,
+        H::AETH,
+        true,
+    ),
     op(0x11, "RC_ACKNOWLEDGE", Ack, Only, H::AETH, false),
-    op(0x12, "RC_ATOMIC_ACKNOWLEDGE", AtomicAck, Only, H::AETH.with(H::ATOMIC_ACK_ETH), false),
-    op(0x13, "RC_COMPARE_SWAP", CompareSwap, Only, H::ATOMIC_ETH, false),
+    op(
+        0x12,
+        "RC_ATOMIC_ACKNOWLEDGE",
+        AtomicAck,
+        Only,
+        H::AETH.with(H::ATOMIC_ACK_ETH),
+        false,
+    ),
+    op(
+        0x13,
+        "RC_COMPARE_SWAP",
+        CompareSwap,
+        Only,
+        H::ATOMIC_ETH,
+        false,
+    ),
     op(0x14, "RC_FETCH_ADD", FetchAdd, Only, H::ATOMIC_ETH, false),
-    op(0x16, "RC_SEND_LAST_WITH_INVALIDATE", Send, Last, H::IETH, true),
-    op(0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Send, Only, H::IETH, true),
+    op(
+        0x16,
+        "RC_SEND_LAST_WITH_INVALIDATE",
+        Send,
+        Last,
+        H::IETH,
+        true,
+    ),
+    op(
+        0x17,
+        "RC_SEND_ONLY_WITH_INVALIDATE",
+        Send,
+        Only,
+        H::IETH,
+        true,
+    ),
     op(0x1c, "RC_FLUSH", Flush, Only, H::FETH.with(H::RETH), false),
     op(0x1d, "RC_ATOMIC_WRITE", AtomicWrite, Only, H::RETH, true),
     op(0x20, "UC_SEND_FIRST", Send, First, H::NONE, true),
     op(0x21, "UC_SEND_MIDDLE", Send, Middle, H::NONE, true),
     op(0x22, "UC_SEND_LAST", Send, Last, H::NONE, true),
-    op(0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Send, Last, H::IMMDT, true),
+    op(
+        0x23,
+        "UC_SEND_LAST_WITH_IMMEDIATE",
+        Send,
+        Last,
+        H::IMMDT,
+        true,
+    ),
     op(0x24, "UC_SEND_ONLY", Send, Only, H::NONE, true),
-    op(0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Send, Only, H::IMMDT, true),
+    op(
+        0x25,
+        "UC_SEND_ONLY_WITH_IMMEDIATE",
+        Send,
+        Only,
+        H::IMMDT,
+        true,
+    ),
     op(0x26, "UC_RDMA_WRITE_FIRST", Write, First, H::RETH, true),
     op(0x27, "UC_RDMA_WRITE_MIDDLE", Write, Middle, H::NONE, true),
     op(0x28, "UC_RDMA_WRITE_LAST", Write, Last, H::NONE, true),
-    op(0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Write, Last, H::IMMDT, true),
+    op(
+        0x29,
+        "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        Write,
+        Last,
+        H::IMMDT,
+        true,
+    ),
     op(0x2a, "UC_RDMA_WRITE_ONLY", Write, Only, H::RETH, true),
-    op(0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Write, Only, H::RETH.with(H::IMMDT), true),
+    op(
+        0x2b,
+        "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+        Write,
+        Only,
+        H::RETH.with(H::IMMDT),
+        true,
+    ),
     op(0x64, "UD_SEND_ONLY", Send, Only, H::DETH, true),
-    op(0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Send, Only, H::DETH.with(H::IMMDT), true),
+    op(
+        0x65,
+        "UD_SEND_ONLY_WITH_IMMEDIATE",
+        Send,
+        Only,
+        H::DETH.with(H::IMMDT),
+        true,
+    ),
 ];
 
 /// Index into [`OPCODES`] by opcode byte; 0xff marks an unknown opcode.
@@ -249,7 +386,12 @@ impl Opcode {
 
     /// Find the opcode for a transport, operation, position and optional immediate or
     /// invalidate header.
-    pub fn find(transport: Transport, kind: OpKind, position: Position, extra: Headers) -> Option<Opcode> {
+    pub fn find(
+        transport: Transport,
+        kind: OpKind,
+        position: Position,
+        extra: Headers,
+    ) -> Option<Opcode> {
         OPCODES
             .iter()
             .find(|i| {
@@ -363,7 +505,10 @@ mod tests {
     fn find_inverts_the_table() {
         for i in OPCODES {
             let extra = Headers(i.headers.0 & (Headers::IMMDT.0 | Headers::IETH.0));
-            assert_eq!(Opcode::find(i.transport, i.kind, i.position, extra), Some(i.opcode));
+            assert_eq!(
+                Opcode::find(i.transport, i.kind, i.position, extra),
+                Some(i.opcode)
+            );
         }
     }
 
@@ -371,7 +516,10 @@ mod tests {
     fn uc_is_rc_plus_0x20() {
         for i in OPCODES.iter().filter(|i| i.transport == Transport::Uc) {
             let rc = Opcode(i.opcode.0 - 0x20).info().unwrap();
-            assert_eq!((rc.kind, rc.position, rc.headers), (i.kind, i.position, i.headers));
+            assert_eq!(
+                (rc.kind, rc.position, rc.headers),
+                (i.kind, i.position, i.headers)
+            );
         }
     }
 }

@@ -78,7 +78,10 @@ impl HeaderRepr {
 
     /// The table entry of the BTH opcode.
     pub fn info(&self) -> Result<&'static OpcodeInfo> {
-        self.bth.opcode.info().ok_or(Error::UnknownOpcode(self.bth.opcode.0))
+        self.bth
+            .opcode
+            .info()
+            .ok_or(Error::UnknownOpcode(self.bth.opcode.0))
     }
 
     /// Length of BTH and extension headers.
@@ -94,10 +97,17 @@ impl HeaderRepr {
     /// Parse the headers at the start of `buf`; returns them and the opcode's table entry.
     pub fn parse(buf: &[u8]) -> Result<(HeaderRepr, &'static OpcodeInfo)> {
         let bth = BthRepr::parse(&Bth::new_checked(buf)?)?;
-        let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+        let info = bth
+            .opcode
+            .info()
+            .ok_or(Error::UnknownOpcode(bth.opcode.0))?;
         let need = info.header_len();
         if buf.len() < need {
-            return Err(Error::Truncated { what: info.name, need, have: buf.len() });
+            return Err(Error::Truncated {
+                what: info.name,
+                need,
+                have: buf.len(),
+            });
         }
         let mut h = HeaderRepr::new(bth);
         let mut off = Bth::<&[u8]>::LEN;
@@ -110,12 +120,21 @@ impl HeaderRepr {
             })
         };
         // The order here is the order on the wire.
-        h.deth = take(Headers::DETH).map(|b| DethRepr::parse(&Deth::new_unchecked(b))).transpose()?;
-        h.feth = take(Headers::FETH).map(|b| FethRepr::parse(&Feth::new_unchecked(b))).transpose()?;
-        h.reth = take(Headers::RETH).map(|b| RethRepr::parse(&Reth::new_unchecked(b))).transpose()?;
-        h.atomic_eth =
-            take(Headers::ATOMIC_ETH).map(|b| AtomicEthRepr::parse(&AtomicEth::new_unchecked(b))).transpose()?;
-        h.aeth = take(Headers::AETH).map(|b| AethRepr::parse(&Aeth::new_unchecked(b))).transpose()?;
+        h.deth = take(Headers::DETH)
+            .map(|b| DethRepr::parse(&Deth::new_unchecked(b)))
+            .transpose()?;
+        h.feth = take(Headers::FETH)
+            .map(|b| FethRepr::parse(&Feth::new_unchecked(b)))
+            .transpose()?;
+        h.reth = take(Headers::RETH)
+            .map(|b| RethRepr::parse(&Reth::new_unchecked(b)))
+            .transpose()?;
+        h.atomic_eth = take(Headers::ATOMIC_ETH)
+            .map(|b| AtomicEthRepr::parse(&AtomicEth::new_unchecked(b)))
+            .transpose()?;
+        h.aeth = take(Headers::AETH)
+            .map(|b| AethRepr::parse(&Aeth::new_unchecked(b)))
+            .transpose()?;
         h.atomic_ack_eth = take(Headers::ATOMIC_ACK_ETH)
             .map(|b| AtomicAckEthRepr::parse(&AtomicAckEth::new_unchecked(b)))
             .transpose()?;
@@ -129,11 +148,16 @@ impl HeaderRepr {
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         let info = self.info()?;
         if self.headers() != info.headers {
-            return Err(Error::FieldRange("extension headers do not match the opcode"));
+            return Err(Error::FieldRange(
+                "extension headers do not match the opcode",
+            ));
         }
         let len = info.header_len();
         if buf.len() < len {
-            return Err(Error::BufferTooSmall { need: len, have: buf.len() });
+            return Err(Error::BufferTooSmall {
+                need: len,
+                have: buf.len(),
+            });
         }
         self.bth.emit(&mut Bth::new_unchecked(&mut buf[..]))?;
         let mut off = Bth::<&[u8]>::LEN;
@@ -183,12 +207,20 @@ pub fn udp_payload_len(hdr: &HeaderRepr, payload_len: usize) -> usize {
 /// Finish a packet whose headers and `payload_len` payload bytes are already in `buf`: write
 /// zero pad and the ICRC, and return the UDP payload length. The BTH pad count must already
 /// be `pad_for(payload_len)` (as [`Packet::emit`] and the transport set it).
-pub fn seal(ctx: &IcrcContext, buf: &mut [u8], hdr_len: usize, payload_len: usize) -> Result<usize> {
+pub fn seal(
+    ctx: &IcrcContext,
+    buf: &mut [u8],
+    hdr_len: usize,
+    payload_len: usize,
+) -> Result<usize> {
     let pad = usize::from(pad_for(payload_len));
     let body = hdr_len + payload_len + pad;
     let total = body + ICRC_LEN;
     if buf.len() < total {
-        return Err(Error::BufferTooSmall { need: total, have: buf.len() });
+        return Err(Error::BufferTooSmall {
+            need: total,
+            have: buf.len(),
+        });
     }
     buf[hdr_len + payload_len..body].fill(0);
     let crc = ctx.compute(&buf[..body])?;
@@ -217,12 +249,20 @@ impl<'a> Packet<'a> {
         let hl = info.header_len();
         let need = hl + ICRC_LEN;
         if buf.len() < need {
-            return Err(Error::Truncated { what: "ICRC", need, have: buf.len() });
+            return Err(Error::Truncated {
+                what: "ICRC",
+                need,
+                have: buf.len(),
+            });
         }
         let icrc = icrc::carried(buf)?;
         let with_pad = buf.len() - need;
         let pad = hdr.bth.pad_cnt;
-        let bad = || Error::BadPayload { opcode: info.name, payload: with_pad, pad };
+        let bad = || Error::BadPayload {
+            opcode: info.name,
+            payload: with_pad,
+            pad,
+        };
         if usize::from(pad) > with_pad || with_pad % 4 != 0 {
             return Err(bad());
         }
@@ -246,7 +286,10 @@ impl<'a> Packet<'a> {
         let p = Packet::parse(buf)?;
         let computed = ctx.compute(&buf[..buf.len() - ICRC_LEN])?;
         if computed != p.icrc {
-            return Err(Error::BadIcrc { carried: p.icrc, computed });
+            return Err(Error::BadIcrc {
+                carried: p.icrc,
+                computed,
+            });
         }
         Ok(p)
     }
@@ -261,11 +304,18 @@ impl<'a> Packet<'a> {
     pub fn emit(&self, ctx: &IcrcContext, buf: &mut [u8]) -> Result<usize> {
         let info = self.hdr.info()?;
         if !info.payload && !self.payload.is_empty() {
-            return Err(Error::BadPayload { opcode: info.name, payload: self.payload.len(), pad: 0 });
+            return Err(Error::BadPayload {
+                opcode: info.name,
+                payload: self.payload.len(),
+                pad: 0,
+            });
         }
         let need = self.buffer_len();
         if buf.len() < need {
-            return Err(Error::BufferTooSmall { need, have: buf.len() });
+            return Err(Error::BufferTooSmall {
+                need,
+                have: buf.len(),
+            });
         }
         let mut hdr = self.hdr;
         hdr.bth.pad_cnt = pad_for(self.payload.len());
@@ -282,15 +332,27 @@ mod tests {
     use core::net::Ipv4Addr;
 
     fn ctx() -> IcrcContext {
-        IcrcContext::v4(Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2), 0xc001)
+        IcrcContext::v4(
+            Ipv4Addr::new(127, 0, 0, 1),
+            Ipv4Addr::new(127, 0, 0, 2),
+            0xc001,
+        )
     }
 
     #[test]
     fn write_only_with_imm_round_trip() {
         let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_WRITE_ONLY_IMM, 0x12, Psn::new(77)));
-        h.reth = Some(RethRepr { va: 0x1000, rkey: 0xabcd_0001, dma_len: 5 });
+        h.reth = Some(RethRepr {
+            va: 0x1000,
+            rkey: 0xabcd_0001,
+            dma_len: 5,
+        });
         h.immdt = Some(0xfeed_f00d);
-        let p = Packet { hdr: h, payload: b"hello", icrc: 0 };
+        let p = Packet {
+            hdr: h,
+            payload: b"hello",
+            icrc: 0,
+        };
         let mut buf = [0u8; 64];
         let n = p.emit(&ctx(), &mut buf).unwrap();
         assert_eq!(n, 32 + 5 + 3 + 4);
@@ -310,10 +372,28 @@ mod tests {
         let mut buf = [0u8; 64];
         assert!(h.emit(&mut buf).is_err());
         let mut ack = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, 1, Psn::new(0)));
-        ack.aeth = Some(AethRepr { syndrome: Syndrome::Nak(NakCode::InvalidRequest), msn: 3 });
-        let p = Packet { hdr: ack, payload: b"x", icrc: 0 };
-        assert!(matches!(p.emit(&ctx(), &mut buf), Err(Error::BadPayload { .. })));
-        assert!(matches!(Packet { hdr: ack, payload: b"", icrc: 0 }.emit(&ctx(), &mut buf[..10]), Err(Error::BufferTooSmall { .. })));
+        ack.aeth = Some(AethRepr {
+            syndrome: Syndrome::Nak(NakCode::InvalidRequest),
+            msn: 3,
+        });
+        let p = Packet {
+            hdr: ack,
+            payload: b"x",
+            icrc: 0,
+        };
+        assert!(matches!(
+            p.emit(&ctx(), &mut buf),
+            Err(Error::BadPayload { .. })
+        ));
+        assert!(matches!(
+            Packet {
+                hdr: ack,
+                payload: b"",
+                icrc: 0
+            }
+            .emit(&ctx(), &mut buf[..10]),
+            Err(Error::BufferTooSmall { .. })
+        ));
     }
 
     #[test]
@@ -321,13 +401,34 @@ mod tests {
         let mut buf = [0u8; 600];
         let h = HeaderRepr::new(BthRepr::new(Opcode::RC_SEND_FIRST, 1, Psn::new(0)));
         let body = [7u8; 256];
-        let n = Packet { hdr: h, payload: &body, icrc: 0 }.emit(&ctx(), &mut buf).unwrap();
+        let n = Packet {
+            hdr: h,
+            payload: &body,
+            icrc: 0,
+        }
+        .emit(&ctx(), &mut buf)
+        .unwrap();
         assert!(Packet::parse(&buf[..n]).is_ok());
         // A First packet of 100 bytes is not a whole MTU.
-        let n = Packet { hdr: h, payload: &body[..100], icrc: 0 }.emit(&ctx(), &mut buf).unwrap();
-        assert!(matches!(Packet::parse(&buf[..n]), Err(Error::BadPayload { .. })));
+        let n = Packet {
+            hdr: h,
+            payload: &body[..100],
+            icrc: 0,
+        }
+        .emit(&ctx(), &mut buf)
+        .unwrap();
+        assert!(matches!(
+            Packet::parse(&buf[..n]),
+            Err(Error::BadPayload { .. })
+        ));
         // Truncations at every length are errors, never panics.
-        let n = Packet { hdr: h, payload: &body, icrc: 0 }.emit(&ctx(), &mut buf).unwrap();
+        let n = Packet {
+            hdr: h,
+            payload: &body,
+            icrc: 0,
+        }
+        .emit(&ctx(), &mut buf)
+        .unwrap();
         for cut in 0..n {
             assert!(Packet::parse(&buf[..cut]).is_err());
         }

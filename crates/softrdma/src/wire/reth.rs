@@ -44,7 +44,11 @@ pub struct RethRepr {
 impl RethRepr {
     /// Parse.
     pub fn parse<T: AsRef<[u8]>>(h: &Reth<T>) -> Result<RethRepr> {
-        Ok(RethRepr { va: h.va(), rkey: h.rkey(), dma_len: h.dma_len() })
+        Ok(RethRepr {
+            va: h.va(),
+            rkey: h.rkey(),
+            dma_len: h.dma_len(),
+        })
     }
     /// Emit.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Reth<T>) {
@@ -61,11 +65,18 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let r = RethRepr { va: 0x0000_7f00_1234_5678, rkey: 0xdead_beef, dma_len: 65536 };
+        let r = RethRepr {
+            va: 0x0000_7f00_1234_5678,
+            rkey: 0xdead_beef,
+            dma_len: 65536,
+        };
         let mut b = [0u8; 16];
         r.emit(&mut Reth::new_unchecked(&mut b[..]));
         assert_eq!(&b[..8], &0x0000_7f00_1234_5678u64.to_be_bytes());
-        assert_eq!(RethRepr::parse(&Reth::new_checked(&b[..]).unwrap()).unwrap(), r);
+        assert_eq!(
+            RethRepr::parse(&Reth::new_checked(&b[..]).unwrap()).unwrap(),
+            r
+        );
         assert!(Reth::new_checked(&b[..15]).is_err());
     }
 }
