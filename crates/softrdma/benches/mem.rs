@@ -1,0 +1,2 @@
+//! Memory registration benchmarks (see docs/PERFORMANCE.md).
+fn main() {}
