@@ -263,7 +263,7 @@ impl<'a> Packet<'a> {
             payload: with_pad,
             pad,
         };
-        if usize::from(pad) > with_pad || with_pad % 4 != 0 {
+        if usize::from(pad) > with_pad || !with_pad.is_multiple_of(4) {
             return Err(bad());
         }
         let payload = &buf[hl..hl + with_pad - usize::from(pad)];
