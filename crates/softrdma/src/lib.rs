@@ -6,5 +6,6 @@
 #![warn(missing_debug_implementations)]
 
 pub mod mem;
+pub mod net;
 pub mod rc;
 pub mod wire;

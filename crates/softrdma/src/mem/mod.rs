@@ -1,4 +1,32 @@
 //! Registered memory: protection domains, regions, windows, keys, pinning.
+//!
+//! [`MemoryTable`] is one device's registry. The control path registers memory
+//! ([`MemoryTable::reg_mr`] with a [`MemSource`] of one of four kinds), binds windows and
+//! suspends/resumes regions; the transport reaches memory only through [`MemoryAccess`],
+//! which validates key, PD, QP, bounds, rights and state before every copy.
 mod access;
+mod arena;
+mod copy;
+mod error;
+mod key;
+mod lookup;
+mod mr_ops;
+mod mw_ops;
+mod pagemap;
+mod pd;
+mod pin;
+mod region;
+mod source;
+mod table;
+mod window;
 
 pub use access::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+pub use arena::PageSize;
+pub use error::{MemError, PinLimitKind, RegError};
+pub use key::{KEY_TAG_BITS, MAX_KEY_INDEX, key_index, key_tag, make_key};
+pub use mr_ops::{MrInfo, Rereg};
+pub use mw_ops::{MwBinding, MwInfo};
+pub use pin::{PinLimits, PinMode, has_cap_ipc_lock, page_size, rlimit_memlock, vm_locked_bytes};
+pub use source::{MemSource, Returned};
+pub use table::{MemConfig, MemStats, MemoryTable};
+pub use window::MwType;

@@ -1,0 +1,262 @@
+//! The four kinds of memory a region can be made of, and the backing the engine keeps.
+
+use std::any::Any;
+use std::fs::File;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use super::arena::{Arena, ArenaBuf, PageSize};
+use super::{MemError, RegError};
+
+/// Memory offered for registration.
+pub struct MemSource {
+    kind: SourceKind,
+}
+
+enum SourceKind {
+    /// A buffer the API owns until deregistration, which hands it back.
+    Owned {
+        obj: Box<dyn Any + Send>,
+        ptr: *mut u8,
+        len: usize,
+    },
+    /// Memory the caller vouches for (the C ABI's case).
+    Raw { ptr: *mut u8, len: usize },
+    /// A range of a file (a memfd, like a dmabuf); the engine maps its own view.
+    File { file: File, offset: u64, len: usize },
+    /// Memory the device allocates from its arena.
+    Device { len: usize, page: PageSize },
+}
+
+// SAFETY: the raw pointers name memory that is either owned by the boxed `Send` object moving
+// with them, or that the caller of the unsafe `raw` constructor promised may be used from any
+// thread.
+unsafe impl Send for MemSource {}
+
+impl core::fmt::Debug for MemSource {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match &self.kind {
+            SourceKind::Owned { ptr, len, .. } => write!(f, "MemSource::Owned({ptr:p}, {len})"),
+            SourceKind::Raw { ptr, len } => write!(f, "MemSource::Raw({ptr:p}, {len})"),
+            SourceKind::File { offset, len, .. } => write!(f, "MemSource::File(+{offset}, {len})"),
+            SourceKind::Device { len, page } => write!(f, "MemSource::Device({len}, {page:?})"),
+        }
+    }
+}
+
+impl MemSource {
+    /// A buffer the registration owns (`Vec<u8>`, `Box<[u8]>`, `memmap2::MmapMut`, ...),
+    /// handed back by deregistration (see [`Returned::downcast`]). The bytes must stay where
+    /// `as_mut` first finds them while the value does not move (true of every heap or mapped
+    /// buffer; an inline array is boxed first, so it is true of it too).
+    pub fn owned<B: AsMut<[u8]> + Send + 'static>(buf: B) -> MemSource {
+        let mut obj = Box::new(buf);
+        let s: &mut [u8] = (*obj).as_mut();
+        let (ptr, len) = (s.as_mut_ptr(), s.len());
+        MemSource {
+            kind: SourceKind::Owned { obj, ptr, len },
+        }
+    }
+
+    /// Raw memory at `ptr` of `len` bytes.
+    ///
+    /// # Safety
+    /// Until the region is deregistered (or given a new backing by `resume`/`rereg`), the
+    /// `len` bytes at `ptr` must stay mapped, readable and writable, and may be read and written
+    /// by the engine from any thread at any time. (Zero-length memory needs nothing.)
+    pub unsafe fn raw(ptr: *mut u8, len: usize) -> MemSource {
+        MemSource {
+            kind: SourceKind::Raw { ptr, len },
+        }
+    }
+
+    /// `len` bytes at `offset` of `file` (opened read-write, e.g. a memfd), which the engine
+    /// maps with `MAP_SHARED`. The file is handed back by deregistration.
+    pub fn file(file: File, offset: u64, len: usize) -> MemSource {
+        MemSource {
+            kind: SourceKind::File { file, offset, len },
+        }
+    }
+
+    /// `len` bytes the device allocates (memfd-backed) with pages of `page` size.
+    pub fn device(len: usize, page: PageSize) -> MemSource {
+        MemSource {
+            kind: SourceKind::Device { len, page },
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match &self.kind {
+            SourceKind::Owned { len, .. }
+            | SourceKind::Raw { len, .. }
+            | SourceKind::File { len, .. }
+            | SourceKind::Device { len, .. } => *len,
+        }
+    }
+
+    /// True when the source has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Make the memory reachable by the engine (map files, allocate device memory).
+    pub(crate) fn into_backing(self, arena: &Arena) -> Result<Backing, RegError> {
+        let dangling = core::ptr::NonNull::<u8>::dangling().as_ptr();
+        match self.kind {
+            SourceKind::Owned { obj, ptr, len } => Ok(Backing {
+                ptr,
+                len,
+                hold: Hold::Owned(obj),
+            }),
+            SourceKind::Raw { ptr, len } => Ok(Backing {
+                ptr: if len == 0 { dangling } else { ptr },
+                len,
+                hold: Hold::None,
+            }),
+            SourceKind::File { file, offset, len } => {
+                if len == 0 {
+                    return Ok(Backing {
+                        ptr: dangling,
+                        len,
+                        hold: Hold::File(None, file, offset),
+                    });
+                }
+                match MmapOptions::new().offset(offset).len(len).map_raw(&file) {
+                    Ok(map) => Ok(Backing {
+                        ptr: map.as_mut_ptr(),
+                        len,
+                        hold: Hold::File(Some(map), file, offset),
+                    }),
+                    Err(e) => Err(RegError::new(
+                        MemError::Os {
+                            op: "mmap",
+                            errno: e.raw_os_error().unwrap_or(0),
+                        },
+                        Some(MemSource {
+                            kind: SourceKind::File { file, offset, len },
+                        }),
+                    )),
+                }
+            }
+            SourceKind::Device { len, page } => {
+                let buf = arena.alloc(len, page)?;
+                Ok(Backing {
+                    ptr: buf.ptr(),
+                    len,
+                    hold: Hold::Device(buf),
+                })
+            }
+        }
+    }
+}
+
+/// What keeps a backing's bytes alive.
+enum Hold {
+    None,
+    Owned(Box<dyn Any + Send>),
+    File(Option<MmapRaw>, File, u64),
+    Device(ArenaBuf),
+}
+
+/// The memory behind a region, as the engine reaches it: `len` bytes at `ptr`.
+pub(crate) struct Backing {
+    ptr: *mut u8,
+    len: usize,
+    hold: Hold,
+}
+
+// SAFETY: the bytes at `ptr` are only touched through validated copies and atomics that
+// tolerate concurrent use (see `copy.rs`), and `hold` is only ever moved or dropped with
+// exclusive access, never shared through `&`.
+unsafe impl Send for Backing {}
+// SAFETY: as above; `&Backing` exposes only `ptr`/`len` and the memfd (a `File`, itself Sync).
+unsafe impl Sync for Backing {}
+
+impl Backing {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+    /// The memfd of device memory, if that is what this is.
+    pub(crate) fn device_file(&self) -> Option<&File> {
+        match &self.hold {
+            Hold::Device(b) => Some(b.file()),
+            _ => None,
+        }
+    }
+    /// Give back what the caller handed over (the owned buffer or the file); unmap the rest.
+    pub(crate) fn into_returned(self) -> Returned {
+        match self.hold {
+            Hold::Owned(obj) => Returned(Some(obj)),
+            Hold::File(map, file, _) => {
+                drop(map);
+                Returned(Some(Box::new(file)))
+            }
+            Hold::None | Hold::Device(_) => Returned(None),
+        }
+    }
+
+    /// Undo [`MemSource::into_backing`] (a registration refused after mapping): the source
+    /// as it was offered. Device memory is freed (there is nothing to give back).
+    pub(crate) fn into_source(self) -> Option<MemSource> {
+        let kind = match self.hold {
+            Hold::Owned(obj) => SourceKind::Owned {
+                obj,
+                ptr: self.ptr,
+                len: self.len,
+            },
+            Hold::None => SourceKind::Raw {
+                ptr: self.ptr,
+                len: self.len,
+            },
+            Hold::File(map, file, offset) => {
+                drop(map);
+                SourceKind::File {
+                    file,
+                    offset,
+                    len: self.len,
+                }
+            }
+            Hold::Device(_) => return None,
+        };
+        Some(MemSource { kind })
+    }
+
+    /// A backing with no bytes (what a deregistered region is left with).
+    pub(crate) fn empty() -> Backing {
+        Backing {
+            ptr: core::ptr::NonNull::<u8>::dangling().as_ptr(),
+            len: 0,
+            hold: Hold::None,
+        }
+    }
+}
+
+/// What deregistration (or a change of backing) hands back: the owned buffer of
+/// [`MemSource::owned`], the `File` of [`MemSource::file`], or nothing.
+#[derive(Debug)]
+pub struct Returned(Option<Box<dyn Any + Send>>);
+
+impl Returned {
+    /// Nothing to hand back.
+    pub fn none() -> Returned {
+        Returned(None)
+    }
+    /// True when nothing is handed back.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+    /// The value, if it is a `B`.
+    pub fn downcast<B: 'static>(self) -> Result<B, Returned> {
+        match self.0 {
+            Some(obj) => match obj.downcast::<B>() {
+                Ok(b) => Ok(*b),
+                Err(obj) => Err(Returned(Some(obj))),
+            },
+            None => Err(Returned(None)),
+        }
+    }
+}
