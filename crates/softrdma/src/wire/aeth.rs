@@ -126,8 +126,11 @@ pub struct AethRepr {
 }
 
 impl AethRepr {
-    /// Parse.
+    /// Parse; the reserved top bit of the syndrome must be clear.
     pub fn parse<T: AsRef<[u8]>>(h: &Aeth<T>) -> Result<AethRepr> {
+        if h.syndrome() & 0x80 != 0 {
+            return Err(super::Error::ReservedBits);
+        }
         Ok(AethRepr {
             syndrome: Syndrome::from_byte(h.syndrome()),
             msn: h.msn(),

@@ -1,0 +1,578 @@
+//! The UDP port a device sends and receives RoCEv2 on: one unconnected socket bound to
+//! `<ip>:4791`, with `IP_PMTUDISC_DO` (so the IPv4 identification is 0 and the ICRC can be
+//! computed before sending), batched I/O (`sendmmsg`/`recvmmsg`), UDP GSO on send
+//! (`UDP_SEGMENT`: one system call carries many equal-sized packets) and GRO on receive
+//! (`UDP_GRO`: the kernel hands over runs of equal-sized packets at once).
+//!
+//! Buffers are allocated once, when a batch is created; sending and receiving allocate nothing.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// `UDP_SEGMENT` (linux/udp.h): GSO segment size, as a socket option or a control message.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (linux/udp.h): receive coalesced datagrams with their segment size.
+const UDP_GRO: libc::c_int = 104;
+/// The largest UDP payload of one (super-)datagram.
+pub const MAX_DATAGRAM: usize = 65_507;
+/// The most segments Linux accepts in one GSO send (`UDP_MAX_SEGMENTS`).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+
+/// Options for a [`UdpPort`].
+#[derive(Clone, Copy, Debug)]
+pub struct PortOptions {
+    /// Socket send and receive buffer size in bytes (`SO_SNDBUF`/`SO_RCVBUF`; root may exceed
+    /// the system maximum through the `FORCE` variants).
+    pub buffer_bytes: usize,
+    /// Ask the kernel for GRO on receive.
+    pub gro: bool,
+    /// Non-blocking socket (busy-polling engines).
+    pub nonblocking: bool,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions {
+            buffer_bytes: 8 << 20,
+            gro: true,
+            nonblocking: false,
+        }
+    }
+}
+
+/// An unconnected UDP socket bound to a device address.
+#[derive(Debug)]
+pub struct UdpPort {
+    sock: Socket,
+    local: SocketAddr,
+    gro: bool,
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: `fd` is an open socket owned by the caller; the option value is a live c_int whose
+    // size is passed alongside it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl UdpPort {
+    /// Bind to `addr` (port 4791 for RoCEv2; 0 picks a free port, for tests and baselines).
+    pub fn bind(addr: SocketAddr, opts: PortOptions) -> io::Result<UdpPort> {
+        let domain = if addr.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
+        let sock = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+        if addr.is_ipv6() {
+            sock.set_only_v6(true)?;
+        }
+        let fd = sock.as_raw_fd();
+        // Path MTU discovery "do": DF set and, on an unconnected socket, IPv4 ID 0.
+        if addr.is_ipv4() {
+            setsockopt_int(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?;
+        } else {
+            setsockopt_int(
+                fd,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
+        }
+        let n = opts.buffer_bytes.min(i32::MAX as usize) as libc::c_int;
+        // The FORCE variants pass the system maximum when privileged; fall back otherwise.
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, n).is_err() {
+            sock.set_send_buffer_size(opts.buffer_bytes)?;
+        }
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, n).is_err() {
+            sock.set_recv_buffer_size(opts.buffer_bytes)?;
+        }
+        let gro = opts.gro && setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        sock.set_nonblocking(opts.nonblocking)?;
+        sock.bind(&SockAddr::from(addr))?;
+        let local = sock
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bound address is not IP"))?;
+        Ok(UdpPort { sock, local, gro })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether GRO is on (receive batches may hold several segments per datagram).
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Switch between blocking and non-blocking.
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        self.sock.set_nonblocking(nb)
+    }
+
+    /// Receive timeout for blocking receives (`None`: wait forever).
+    pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(t)
+    }
+
+    /// The raw descriptor (for epoll/poll).
+    pub fn raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Send every datagram queued in `batch` with as few `sendmmsg` calls as it takes, then
+    /// empty the batch. Returns the number of datagrams sent.
+    pub fn send(&self, batch: &mut TxBatch) -> io::Result<usize> {
+        let total = batch.len;
+        let mut done = 0;
+        while done < total {
+            batch.prepare(done);
+            // SAFETY: `prepare` pointed every mmsghdr in `hdrs[done..total]` at iovecs, addresses
+            // and control buffers owned by `batch`, which outlives this call and is not touched
+            // meanwhile; the count passed is the number of prepared headers.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    batch.hdrs[done..].as_mut_ptr(),
+                    (total - done) as libc::c_uint,
+                    0,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                batch.clear();
+                return Err(e);
+            }
+            done += r as usize;
+        }
+        batch.clear();
+        Ok(total)
+    }
+
+    /// Receive up to the batch's capacity of datagrams with one `recvmmsg`: waits (in blocking
+    /// mode) for the first, then takes whatever else is already queued. Returns how many
+    /// arrived; with nothing queued in non-blocking mode the error is `WouldBlock`.
+    pub fn recv(&self, batch: &mut RxBatch) -> io::Result<usize> {
+        batch.prepare();
+        // SAFETY: `prepare` pointed each mmsghdr at a buffer, address and control area owned by
+        // `batch` with their true lengths; recvmmsg writes only within them.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                batch.hdrs.as_mut_ptr(),
+                batch.hdrs.len() as libc::c_uint,
+                // Block (in blocking mode) for the first datagram only, then take what is queued.
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            batch.count = 0;
+            return Err(io::Error::last_os_error());
+        }
+        batch.count = r as usize;
+        batch.finish();
+        Ok(batch.count)
+    }
+}
+
+/// Control-message space for one `u16` option (UDP_SEGMENT / UDP_GRO).
+const CMSG_SPACE: usize = 32;
+
+/// A reusable batch of outgoing datagrams: payload bytes are copied into its own arena (the
+/// transport builds packets in place with [`TxBatch::push_with`] to avoid even that copy).
+pub struct TxBatch {
+    arena: Vec<u8>,
+    spans: Vec<(usize, usize, u16)>,
+    addrs: Vec<SockAddr>,
+    iovs: Vec<libc::iovec>,
+    cmsgs: Vec<[u8; CMSG_SPACE]>,
+    hdrs: Vec<libc::mmsghdr>,
+    len: usize,
+    used: usize,
+}
+
+impl std::fmt::Debug for TxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxBatch")
+            .field("len", &self.len)
+            .field("bytes", &self.used)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers inside the mmsghdr/iovec arrays only ever point into this batch's
+// own vectors and are rebuilt before every use; moving the batch to another thread is sound.
+unsafe impl Send for TxBatch {}
+
+impl TxBatch {
+    /// A batch of at most `datagrams` datagrams holding at most `bytes` bytes in all.
+    pub fn new(datagrams: usize, bytes: usize) -> TxBatch {
+        let unspecified: SocketAddr = ([0, 0, 0, 0], 0).into();
+        TxBatch {
+            arena: vec![0; bytes],
+            spans: vec![(0, 0, 0); datagrams],
+            addrs: vec![SockAddr::from(unspecified); datagrams],
+            // SAFETY: iovec and mmsghdr are plain C structs for which all-zero is a valid value.
+            iovs: vec![unsafe { zeroed() }; datagrams],
+            cmsgs: vec![[0; CMSG_SPACE]; datagrams],
+            // SAFETY: as above.
+            hdrs: vec![unsafe { zeroed() }; datagrams],
+            len: 0,
+            used: 0,
+        }
+    }
+
+    /// Datagrams queued.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes still free in the arena.
+    pub fn free_bytes(&self) -> usize {
+        self.arena.len() - self.used
+    }
+
+    /// True when another datagram of `bytes` fits.
+    pub fn has_room(&self, bytes: usize) -> bool {
+        self.len < self.spans.len() && bytes <= self.free_bytes()
+    }
+
+    /// Drop everything queued.
+    pub fn clear(&mut self) {
+        self.len = 0;
+        self.used = 0;
+    }
+
+    /// Queue a datagram to `dst` built in place: `build` gets `max` bytes of the arena and
+    /// returns how many it wrote. `segment` > 0 asks for GSO: the datagram is a run of packets
+    /// of `segment` bytes each (the last may be shorter). Returns false, queueing nothing,
+    /// when the batch is full.
+    pub fn push_with(
+        &mut self,
+        dst: SocketAddr,
+        max: usize,
+        segment: u16,
+        build: impl FnOnce(&mut [u8]) -> usize,
+    ) -> bool {
+        if !self.has_room(max) {
+            return false;
+        }
+        let start = self.used;
+        let n = build(&mut self.arena[start..start + max]).min(max);
+        self.spans[self.len] = (start, n, if usize::from(segment) < n { segment } else { 0 });
+        self.addrs[self.len] = SockAddr::from(dst);
+        self.used += n;
+        self.len += 1;
+        true
+    }
+
+    /// Queue a copy of `data` to `dst` (see [`TxBatch::push_with`] for `segment`).
+    pub fn push(&mut self, dst: SocketAddr, data: &[u8], segment: u16) -> bool {
+        self.push_with(dst, data.len(), segment, |b| {
+            b[..data.len()].copy_from_slice(data);
+            data.len()
+        })
+    }
+
+    fn prepare(&mut self, from: usize) {
+        for i in from..self.len {
+            let (start, n, seg) = self.spans[i];
+            self.iovs[i] = libc::iovec {
+                iov_base: self.arena[start..].as_mut_ptr().cast(),
+                iov_len: n,
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = self.addrs[i].as_ptr() as *mut libc::c_void;
+            h.msg_namelen = self.addrs[i].len();
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_flags = 0;
+            if seg > 0 {
+                let c = &mut self.cmsgs[i];
+                h.msg_control = c.as_mut_ptr().cast();
+                // SAFETY: CMSG_SPACE of a u16 is a constant no larger than CMSG_SPACE bytes.
+                h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+                // SAFETY: msg_control points at `c`, large enough for one cmsghdr carrying a u16,
+                // so CMSG_FIRSTHDR is non-null and CMSG_DATA stays inside `c`.
+                unsafe {
+                    let cm = libc::CMSG_FIRSTHDR(h);
+                    (*cm).cmsg_level = libc::SOL_UDP;
+                    (*cm).cmsg_type = UDP_SEGMENT;
+                    (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg);
+                }
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+            }
+        }
+    }
+}
+
+/// A reusable batch of receive buffers for [`UdpPort::recv`].
+pub struct RxBatch {
+    bufs: Vec<u8>,
+    buf_len: usize,
+    addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    cmsgs: Vec<[u8; CMSG_SPACE]>,
+    hdrs: Vec<libc::mmsghdr>,
+    segs: Vec<u16>,
+    count: usize,
+}
+
+impl std::fmt::Debug for RxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxBatch")
+            .field("count", &self.count)
+            .field("capacity", &self.hdrs.len())
+            .finish()
+    }
+}
+
+// SAFETY: as for TxBatch: internal pointers are rebuilt before each use and point only into
+// the batch's own vectors.
+unsafe impl Send for RxBatch {}
+
+/// One received datagram: the sender and a run of one or more packets of `segment` bytes
+/// (the last may be shorter); `segment` is the whole length without GRO.
+#[derive(Debug, Clone, Copy)]
+pub struct Received<'a> {
+    /// Sender.
+    pub src: SocketAddr,
+    /// The bytes.
+    pub data: &'a [u8],
+    /// Segment size.
+    pub segment: usize,
+}
+
+impl<'a> Received<'a> {
+    /// The packets in this datagram.
+    pub fn segments(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let seg = self.segment.max(1);
+        self.data.chunks(seg)
+    }
+}
+
+impl RxBatch {
+    /// `datagrams` buffers of `buf_len` bytes each (use [`MAX_DATAGRAM`] when GRO is on).
+    pub fn new(datagrams: usize, buf_len: usize) -> RxBatch {
+        RxBatch {
+            bufs: vec![0; datagrams * buf_len],
+            buf_len,
+            // SAFETY: sockaddr_storage, iovec and mmsghdr are plain C structs for which all-zero
+            // is a valid value.
+            addrs: vec![unsafe { zeroed() }; datagrams],
+            // SAFETY: as above.
+            iovs: vec![unsafe { zeroed() }; datagrams],
+            cmsgs: vec![[0; CMSG_SPACE]; datagrams],
+            // SAFETY: as above.
+            hdrs: vec![unsafe { zeroed() }; datagrams],
+            segs: vec![0; datagrams],
+            count: 0,
+        }
+    }
+
+    fn prepare(&mut self) {
+        for i in 0..self.hdrs.len() {
+            let buf = &mut self.bufs[i * self.buf_len..(i + 1) * self.buf_len];
+            self.iovs[i] = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let h = &mut self.hdrs[i].msg_hdr;
+            h.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut self.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = self.cmsgs[i].as_mut_ptr().cast();
+            h.msg_controllen = CMSG_SPACE;
+            h.msg_flags = 0;
+            self.hdrs[i].msg_len = 0;
+        }
+    }
+
+    fn finish(&mut self) {
+        for i in 0..self.count {
+            let len = self.hdrs[i].msg_len as usize;
+            let mut seg = len;
+            let h = &self.hdrs[i].msg_hdr;
+            // SAFETY: the kernel filled msg_control/msg_controllen of this header within the
+            // control buffer we gave it; the CMSG_* walkers stay within msg_controllen.
+            unsafe {
+                let mut cm = libc::CMSG_FIRSTHDR(h);
+                while !cm.is_null() {
+                    if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>());
+                        if v > 0 {
+                            seg = v as usize;
+                        }
+                    }
+                    cm = libc::CMSG_NXTHDR(h, cm);
+                }
+            }
+            self.segs[i] = seg.min(u16::MAX as usize) as u16;
+            if seg > u16::MAX as usize {
+                self.segs[i] = 0;
+            }
+        }
+    }
+
+    /// Datagrams in the last receive.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// True when the last receive got nothing.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The `i`-th datagram of the last receive.
+    pub fn get(&self, i: usize) -> Option<Received<'_>> {
+        if i >= self.count {
+            return None;
+        }
+        let len = (self.hdrs[i].msg_len as usize).min(self.buf_len);
+        let data = &self.bufs[i * self.buf_len..i * self.buf_len + len];
+        let src = sockaddr_to_std(&self.addrs[i], self.hdrs[i].msg_hdr.msg_namelen)?;
+        let segment = match self.segs[i] {
+            0 => len,
+            s => usize::from(s),
+        };
+        Some(Received { src, data, segment })
+    }
+}
+
+/// The address the kernel stored in `a` (`len` bytes), if it is IPv4 or IPv6.
+fn sockaddr_to_std(a: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match libc::c_int::from(a.ss_family) {
+        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is large enough
+            // for and aligned for (sockaddr_storage has the strictest alignment of them all).
+            let v4 = unsafe { &*(a as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(v4.sin_port))))
+        }
+        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let v6 = unsafe { &*(a as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(v6.sin6_port),
+                v6.sin6_flowinfo,
+                v6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (UdpPort, UdpPort) {
+        let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        (
+            UdpPort::bind(lo, PortOptions::default()).unwrap(),
+            UdpPort::bind(lo, PortOptions::default()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn batched_send_and_receive() {
+        let (a, b) = pair();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut tx = TxBatch::new(8, 8 * 2048);
+        for i in 0..8u8 {
+            assert!(tx.push(b.local_addr(), &[i; 100], 0));
+        }
+        assert!(
+            !tx.push(b.local_addr(), &[0; 10], 0),
+            "a full batch refuses"
+        );
+        assert_eq!(a.send(&mut tx).unwrap(), 8);
+        let mut rx = RxBatch::new(16, MAX_DATAGRAM);
+        let mut got = Vec::new();
+        while got.len() < 8 {
+            let n = b.recv(&mut rx).unwrap();
+            for i in 0..n {
+                let r = rx.get(i).unwrap();
+                assert_eq!(r.src, a.local_addr());
+                got.extend(r.segments().map(|s| s.to_vec()));
+            }
+        }
+        for (i, d) in got.iter().enumerate() {
+            assert_eq!(d, &vec![i as u8; 100]);
+        }
+    }
+
+    #[test]
+    fn gso_send_arrives_as_segments() {
+        let (a, b) = pair();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut data = Vec::new();
+        for i in 0..10u8 {
+            data.extend_from_slice(&[i; 1000]);
+        }
+        data.extend_from_slice(&[99; 10]);
+        let mut tx = TxBatch::new(1, data.len());
+        assert!(tx.push(b.local_addr(), &data, 1000));
+        a.send(&mut tx).unwrap();
+        let mut rx = RxBatch::new(16, MAX_DATAGRAM);
+        let mut segs = Vec::new();
+        while segs.len() < 11 {
+            let n = b.recv(&mut rx).unwrap();
+            for i in 0..n {
+                segs.extend(rx.get(i).unwrap().segments().map(|s| s.to_vec()));
+            }
+        }
+        assert_eq!(segs.len(), 11);
+        for (i, s) in segs[..10].iter().enumerate() {
+            assert_eq!(s, &vec![i as u8; 1000]);
+        }
+        assert_eq!(segs[10], vec![99; 10]);
+    }
+}
