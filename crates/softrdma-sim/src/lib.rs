@@ -1,1 +1,18 @@
 //! Deterministic simulation of softrdma endpoints over a faulty virtual network.
+//!
+//! [`World`] holds endpoints (memory, QPs, SRQs) joined by a seeded [`Network`] that drops,
+//! duplicates, reorders, delays, corrupts and partitions; time is virtual and a seed
+//! reproduces a run exactly. [`SimMemory`] is a buffer-backed `MemoryAccess` with guard
+//! bytes. [`workload`] generates random mixed traffic and checks the invariants after every
+//! step.
+
+pub mod memory;
+pub mod net;
+pub mod rng;
+pub mod workload;
+pub mod world;
+
+pub use memory::SimMemory;
+pub use net::{Faults, NetStats, Network, Partition};
+pub use rng::Rng;
+pub use world::{Completion, ConnOpts, Endpoint, QpRef, World, WorldStats};

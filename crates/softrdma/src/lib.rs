@@ -8,4 +8,5 @@
 pub mod mem;
 pub mod net;
 pub mod rc;
+pub mod verbs;
 pub mod wire;

@@ -1,4 +1,9 @@
-//! The datapath: UDP sockets with batching, GSO and GRO.
+//! The datapath: UDP sockets with batching, GSO and GRO; the per-device engine that drives
+//! the transport; completion queues and channels.
+pub mod cq;
+pub mod engine;
 pub mod udp;
 
+pub use cq::{ChannelCore, CqCore};
+pub use engine::{Engine, EngineCounters, PollMode, QpBody, QpCell, SrqCore};
 pub use udp::{PortOptions, Received, RxBatch, TxBatch, UdpPort};

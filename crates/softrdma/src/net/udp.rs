@@ -210,17 +210,31 @@ impl UdpPort {
 /// Control-message space for one `u16` option (UDP_SEGMENT / UDP_GRO).
 const CMSG_SPACE: usize = 32;
 
-/// A reusable batch of outgoing datagrams: payload bytes are copied into its own arena (the
-/// transport builds packets in place with [`TxBatch::push_with`] to avoid even that copy).
+/// One outgoing datagram in a [`TxBatch`]: `nseg` packets of `seg` bytes (the last may be
+/// shorter) starting at `start` in the arena.
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    start: usize,
+    len: usize,
+    seg: u16,
+    nseg: u16,
+}
+
+/// A reusable batch of outgoing datagrams. Packets are built in place in its arena
+/// ([`TxBatch::push_packet`]); consecutive packets to the same destination are coalesced into
+/// one GSO datagram when their sizes allow (all but the last of one size, at most
+/// [`MAX_GSO_SEGMENTS`], at most [`MAX_DATAGRAM`] bytes).
 pub struct TxBatch {
     arena: Vec<u8>,
-    spans: Vec<(usize, usize, u16)>,
+    spans: Vec<Span>,
     addrs: Vec<SockAddr>,
+    dsts: Vec<SocketAddr>,
     iovs: Vec<libc::iovec>,
     cmsgs: Vec<[u8; CMSG_SPACE]>,
     hdrs: Vec<libc::mmsghdr>,
     len: usize,
     used: usize,
+    gso: bool,
 }
 
 impl std::fmt::Debug for TxBatch {
@@ -242,8 +256,9 @@ impl TxBatch {
         let unspecified: SocketAddr = ([0, 0, 0, 0], 0).into();
         TxBatch {
             arena: vec![0; bytes],
-            spans: vec![(0, 0, 0); datagrams],
+            spans: vec![Span::default(); datagrams],
             addrs: vec![SockAddr::from(unspecified); datagrams],
+            dsts: vec![unspecified; datagrams],
             // SAFETY: iovec and mmsghdr are plain C structs for which all-zero is a valid value.
             iovs: vec![unsafe { zeroed() }; datagrams],
             cmsgs: vec![[0; CMSG_SPACE]; datagrams],
@@ -251,7 +266,13 @@ impl TxBatch {
             hdrs: vec![unsafe { zeroed() }; datagrams],
             len: 0,
             used: 0,
+            gso: true,
         }
+    }
+
+    /// Allow or forbid coalescing packets into GSO datagrams (on by default).
+    pub fn set_gso(&mut self, on: bool) {
+        self.gso = on;
     }
 
     /// Datagrams queued.
@@ -269,62 +290,123 @@ impl TxBatch {
         self.arena.len() - self.used
     }
 
-    /// True when another datagram of `bytes` fits.
-    pub fn has_room(&self, bytes: usize) -> bool {
-        self.len < self.spans.len() && bytes <= self.free_bytes()
-    }
-
     /// Drop everything queued.
     pub fn clear(&mut self) {
         self.len = 0;
         self.used = 0;
     }
 
-    /// Queue a datagram to `dst` built in place: `build` gets `max` bytes of the arena and
-    /// returns how many it wrote. `segment` > 0 asks for GSO: the datagram is a run of packets
-    /// of `segment` bytes each (the last may be shorter). Returns false, queueing nothing,
-    /// when the batch is full.
-    pub fn push_with(
-        &mut self,
-        dst: SocketAddr,
-        max: usize,
-        segment: u16,
-        build: impl FnOnce(&mut [u8]) -> usize,
-    ) -> bool {
-        if !self.has_room(max) {
+    /// Queue a copy of `data` to `dst` as one datagram; `segment` > 0 asks for GSO with that
+    /// segment size. Returns false, queueing nothing, when the batch is full.
+    pub fn push(&mut self, dst: SocketAddr, data: &[u8], segment: u16) -> bool {
+        if self.len == self.spans.len() || data.len() > self.free_bytes() {
             return false;
         }
         let start = self.used;
-        let n = build(&mut self.arena[start..start + max]).min(max);
-        self.spans[self.len] = (start, n, if usize::from(segment) < n { segment } else { 0 });
-        self.addrs[self.len] = SockAddr::from(dst);
-        self.used += n;
-        self.len += 1;
+        self.arena[start..start + data.len()].copy_from_slice(data);
+        let (seg, nseg) = if segment > 0 && usize::from(segment) < data.len() {
+            (segment, data.len().div_ceil(usize::from(segment)) as u16)
+        } else {
+            (data.len().min(u16::MAX as usize) as u16, 1)
+        };
+        self.open_span(dst, start, data.len(), seg, nseg);
         true
     }
 
-    /// Queue a copy of `data` to `dst` (see [`TxBatch::push_with`] for `segment`).
-    pub fn push(&mut self, dst: SocketAddr, data: &[u8], segment: u16) -> bool {
-        self.push_with(dst, data.len(), segment, |b| {
-            b[..data.len()].copy_from_slice(data);
-            data.len()
-        })
+    fn open_span(&mut self, dst: SocketAddr, start: usize, len: usize, seg: u16, nseg: u16) {
+        self.spans[self.len] = Span {
+            start,
+            len,
+            seg,
+            nseg,
+        };
+        self.dsts[self.len] = dst;
+        self.used = start + len;
+        self.len += 1;
+    }
+
+    /// Build one packet to `dst` in place: `build` gets up to `max` bytes and returns how many
+    /// it wrote (0: nothing to send). Returns `None` when the batch has no room for `max` more
+    /// bytes or another datagram, else `Some((len, k))`: the packet's length and its segment
+    /// index in the datagram it joined (k > 0 when coalesced into a GSO datagram, whose k-th
+    /// segment the kernel sends with IPv4 identification k).
+    pub fn push_packet(
+        &mut self,
+        dst: SocketAddr,
+        max: usize,
+        build: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Option<(usize, u16)> {
+        // A free datagram slot is required even when the packet may join the last datagram, so
+        // that a packet once built is always queued.
+        if !self.has_room(max) {
+            return None;
+        }
+        let start = self.used;
+        let joinable = self.gso && self.len > 0 && {
+            let s = self.spans[self.len - 1];
+            self.dsts[self.len - 1] == dst
+                && usize::from(s.nseg) < MAX_GSO_SEGMENTS
+                && s.len == usize::from(s.seg) * usize::from(s.nseg)
+                && s.len + max <= MAX_DATAGRAM
+        };
+        let n = build(&mut self.arena[start..start + max]).min(max);
+        if n == 0 {
+            return Some((0, 0));
+        }
+        if joinable {
+            let s = &mut self.spans[self.len - 1];
+            if n <= usize::from(s.seg) {
+                s.len += n;
+                s.nseg += 1;
+                self.used += n;
+                return Some((n, s.nseg - 1));
+            }
+        }
+        self.open_span(dst, start, n, n.min(u16::MAX as usize) as u16, 1);
+        Some((n, 0))
+    }
+
+    /// The last `n` bytes queued: the packet just pushed.
+    pub fn last_packet_mut(&mut self, n: usize) -> &mut [u8] {
+        let end = self.used;
+        &mut self.arena[end.saturating_sub(n)..end]
+    }
+
+    /// Packets queued (a GSO datagram counts each segment).
+    pub fn packets(&self) -> usize {
+        self.spans[..self.len]
+            .iter()
+            .map(|s| usize::from(s.nseg))
+            .sum()
+    }
+
+    /// True when a packet of up to `max` bytes can be pushed without a flush.
+    pub fn has_room(&self, max: usize) -> bool {
+        max <= self.free_bytes() && self.len < self.spans.len()
     }
 
     fn prepare(&mut self, from: usize) {
         for i in from..self.len {
-            let (start, n, seg) = self.spans[i];
+            let Span {
+                start,
+                len,
+                seg,
+                nseg,
+            } = self.spans[i];
             self.iovs[i] = libc::iovec {
                 iov_base: self.arena[start..].as_mut_ptr().cast(),
-                iov_len: n,
+                iov_len: len,
             };
+            if self.addrs[i].as_socket() != Some(self.dsts[i]) {
+                self.addrs[i] = SockAddr::from(self.dsts[i]);
+            }
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_name = self.addrs[i].as_ptr() as *mut libc::c_void;
             h.msg_namelen = self.addrs[i].len();
             h.msg_iov = &mut self.iovs[i];
             h.msg_iovlen = 1;
             h.msg_flags = 0;
-            if seg > 0 {
+            if nseg > 1 {
                 let c = &mut self.cmsgs[i];
                 h.msg_control = c.as_mut_ptr().cast();
                 // SAFETY: CMSG_SPACE of a u16 is a constant no larger than CMSG_SPACE bytes.

@@ -1,1 +1,82 @@
-//! Reliable Connected transport (sans-IO).
+//! Reliable Connected transport (sans-IO): requester, responder and completer.
+//!
+//! The protocol engine reads no clock and touches no socket: a driver feeds it packets
+//! ([`Qp::handle_packet`]) and time ([`Qp::handle_timeout`]) and drains what it produces:
+//! complete RoCEv2 UDP payloads ([`Qp::poll_transmit`]), work completions
+//! ([`Qp::poll_completion`]) and the next deadline ([`Qp::poll_timeout`]). Time is a `u64`
+//! count of nanoseconds from any origin the driver chooses. Memory is reached only through
+//! [`crate::mem::MemoryAccess`], passed into each call that touches it.
+//!
+//! The shape follows Linux rxe: the requester ([`requester`]) turns send WQEs into request
+//! packets, the responder ([`responder`]) executes requests in PSN order and answers them,
+//! the completer ([`completer`]) consumes acknowledgements and responses, retransmits
+//! (go-back-N) and completes WQEs in posting order. [`Qp`] ties them to the state machine of
+//! [`qp_state`].
+//!
+//! A typical driver loop:
+//! ```text
+//! qp.post_send(&wr)?;                                   // verbs
+//! while let Some(n) = qp.poll_transmit(now, &mem, &mut buf) { socket.send(&buf[..n]) }
+//! let pkt = Packet::parse_verified(&rx_ctx, datagram)?; // net layer checks the ICRC
+//! if pkt.hdr.bth.dest_qp == qp.qp_num() { qp.handle_packet(now, &pkt, &mem, srq) }
+//! if qp.poll_timeout() <= Some(now) { qp.handle_timeout(now) }
+//! while let Some(wc) = qp.poll_completion() { cq.push(wc) }
+//! ```
+//! Packet-pattern choices compared with rxe are documented in `docs/RC-PATTERNS.md`.
+
+pub mod atomic_cache;
+pub mod completer;
+pub mod qp;
+pub mod qp_state;
+pub mod requester;
+pub mod responder;
+pub mod rq;
+pub mod sq;
+pub mod timer;
+pub mod wr;
+
+pub use qp::{Qp, QpCap, QpCounters, QpInit};
+pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
+pub use rq::Srq;
+pub use wr::{
+    MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+
+/// Most PSNs the requester keeps unacknowledged (as rxe's window).
+pub const MAX_INFLIGHT_PSNS: i32 = 128;
+/// The requester sets AckReq at least every this many packets of a long message (rxe's
+/// `RXE_MAX_PKT_PER_ACK`).
+pub const ACK_REQ_EVERY: u32 = 64;
+/// Largest message (2^31 bytes, `max_msg_sz`).
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+/// Bytes of BTH and extension headers at most (BTH + RETH + ImmDt, or BTH + AtomicETH),
+/// plus pad and ICRC: a transmit buffer needs path MTU + this.
+pub const MAX_OVERHEAD: usize = 12 + 28 + 4 + 3 + 4;
+
+/// Why a post was refused (the errno of `ibv_post_send`/`ibv_post_recv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The QP's state does not accept this post (EINVAL).
+    #[error("QP state {0:?} does not accept this work request")]
+    InvalidState(QpState),
+    /// The queue is full (ENOMEM).
+    #[error("work queue full")]
+    QueueFull,
+    /// More SGEs than the QP's cap (EINVAL).
+    #[error("{0} SGEs, more than the QP accepts")]
+    TooManySge(usize),
+    /// Inline data larger than `max_inline_data` (EINVAL).
+    #[error("inline data of {0} bytes, more than the QP accepts")]
+    InlineTooLong(usize),
+    /// A malformed work request (EINVAL), e.g. an atomic whose SGE is not 8 bytes.
+    #[error("invalid work request: {0}")]
+    InvalidArgument(&'static str),
+}
+
+/// Why a QP could not be created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CreateError {
+    /// A capability out of range (EINVAL).
+    #[error("capability {0} out of range")]
+    InvalidCap(&'static str),
+}

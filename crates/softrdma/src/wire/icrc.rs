@@ -135,6 +135,103 @@ pub fn compute_from_headers(ip: &[u8], udp: &[u8], body: &[u8]) -> Result<u32> {
     }
 }
 
+/// How the ICRC of an IPv4 packet (without options) changes with its identification field.
+///
+/// The ICRC covers the IPv4 ID, and CRC-32 is affine: for messages of one length,
+/// `icrc(id = x) = icrc(id = 0) ^ L(x)`, where `L` is linear in the 16 bits of `x`.
+/// [`IdDelta::new`] computes `L` on the 16 unit vectors for one packet length (a CRC over the
+/// zeros after the field plus 16 tiny ones, merged with `crc32fast`'s combine); then
+/// [`IdDelta::delta`] is at most 16 XORs. The sender uses it to give the k-th segment of a
+/// GSO datagram the ICRC for ID k, which is what the kernel's segmentation will send;
+/// [`IdDelta::solve`] finds the ID of a packet from a sender whose IDs are unknown, leaving
+/// 16 of the 32 check bits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdDelta {
+    body_len: usize,
+    basis: [u32; 16],
+}
+
+impl IdDelta {
+    /// The basis for IPv4 packets whose UDP payload without ICRC is `body_len` bytes.
+    pub fn new(body_len: usize) -> IdDelta {
+        // Covered bytes after the ID field: the rest of the IPv4 header (14), UDP (8), body.
+        let m = 14 + 8 + body_len;
+        const ZEROS: [u8; 1024] = [0; 1024];
+        let mut zeros = crc32fast::Hasher::new();
+        let mut left = m;
+        while left > 0 {
+            let n = left.min(ZEROS.len());
+            zeros.update(&ZEROS[..n]);
+            left -= n;
+        }
+        let mut zero_field = crc32fast::Hasher::new();
+        zero_field.update(&[0, 0]);
+        zero_field.combine(&zeros);
+        let z = zero_field.finalize();
+        let mut basis = [0u32; 16];
+        for (i, b) in basis.iter_mut().enumerate() {
+            let id = 1u16 << i;
+            let mut h = crc32fast::Hasher::new();
+            h.update(&id.to_be_bytes());
+            h.combine(&zeros);
+            *b = h.finalize() ^ z;
+        }
+        IdDelta { body_len, basis }
+    }
+
+    /// The body length this basis is for.
+    pub fn body_len(&self) -> usize {
+        self.body_len
+    }
+
+    /// `icrc(id) ^ icrc(0)` for a packet of this length.
+    pub fn delta(&self, id: u16) -> u32 {
+        let mut d = 0;
+        let mut v = id;
+        let mut i = 0;
+        while v != 0 {
+            if v & 1 != 0 {
+                d ^= self.basis[i];
+            }
+            v >>= 1;
+            i += 1;
+        }
+        d
+    }
+
+    /// The identification `x` for which `icrc(0) ^ delta(x) == carried`, if one exists
+    /// (Gaussian elimination over GF(2): 16 unknowns, 32 equations).
+    pub fn solve(&self, icrc_id0: u32, carried: u32) -> Option<u16> {
+        let mut rows: [(u32, u16); 16] = [(0, 0); 16];
+        for (i, r) in rows.iter_mut().enumerate() {
+            *r = (self.basis[i], 1 << i);
+        }
+        let mut target = icrc_id0 ^ carried;
+        let mut x = 0u16;
+        let mut used = 0usize;
+        for bit in (0..32).rev() {
+            let mask = 1u32 << bit;
+            let Some(p) = (used..16).find(|&j| rows[j].0 & mask != 0) else {
+                continue;
+            };
+            rows.swap(used, p);
+            let (pv, pc) = rows[used];
+            for j in 0..16 {
+                if j != used && rows[j].0 & mask != 0 {
+                    rows[j].0 ^= pv;
+                    rows[j].1 ^= pc;
+                }
+            }
+            if target & mask != 0 {
+                target ^= pv;
+                x ^= pc;
+            }
+            used += 1;
+        }
+        (target == 0).then_some(x)
+    }
+}
+
 /// Read the ICRC carried in the last four bytes of a UDP payload.
 pub fn carried(udp_payload: &[u8]) -> Result<u32> {
     let n = udp_payload.len();
@@ -244,6 +341,32 @@ mod tests {
             ctx.compute(&body).unwrap(),
             compute_from_headers(&ip, &udp, &body).unwrap()
         );
+    }
+
+    #[test]
+    fn id_delta_matches_recomputation_and_solves() {
+        let body: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        let base = IcrcContext::v4(
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::new(10, 0, 0, 2),
+            0xc000,
+        );
+        let d = IdDelta::new(body.len());
+        let c0 = base.compute(&body).unwrap();
+        for id in [1u16, 2, 3, 0x8000, 0xcdcc, 0xffff, 1234] {
+            let mut ctx = base;
+            if let IpHeader::V4 { id: ref mut i, .. } = ctx.ip {
+                *i = id;
+            }
+            let c = ctx.compute(&body).unwrap();
+            assert_eq!(c0 ^ d.delta(id), c, "id {id:#x}");
+            assert_eq!(d.solve(c0, c), Some(id));
+        }
+        // A corrupted ICRC is almost never explained by some ID.
+        let unexplained = (0..64u32)
+            .filter(|i| d.solve(c0, c0 ^ (0x9e37_79b9u32.rotate_left(*i))).is_none())
+            .count();
+        assert!(unexplained > 56, "{unexplained}");
     }
 
     #[test]

@@ -1,0 +1,193 @@
+//! Completion queues and completion channels at the datapath level: a bounded ring of work
+//! completions per CQ, arming (`req_notify_cq`), and channels whose `eventfd` wakes a
+//! sleeping consumer and can sit in epoll or an async reactor.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::rc::WorkCompletion;
+
+/// Not armed.
+const ARM_NONE: u8 = 0;
+/// Armed for the next completion.
+const ARM_NEXT: u8 = 1;
+
+/// A completion channel: CQs that fire queue their id here and bump the eventfd.
+#[derive(Debug)]
+pub struct ChannelCore {
+    fd: OwnedFd,
+    events: Mutex<VecDeque<u64>>,
+    cap: usize,
+}
+
+impl ChannelCore {
+    /// A channel with room for `cap` pending events.
+    pub fn new(cap: usize) -> io::Result<ChannelCore> {
+        // SAFETY: eventfd has no memory arguments; the flags are valid.
+        let fd = unsafe {
+            libc::eventfd(
+                0,
+                libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(ChannelCore {
+            fd,
+            events: Mutex::new(VecDeque::with_capacity(cap)),
+            cap,
+        })
+    }
+
+    /// The eventfd: readable while events are pending.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn notify(&self, cq: u64) {
+        {
+            let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            if ev.len() >= self.cap || ev.contains(&cq) {
+                return;
+            }
+            ev.push_back(cq);
+        }
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Take the next event (the id of a CQ that fired), waiting up to `timeout`
+    /// (`None`: forever). Returns `Ok(None)` on timeout.
+    pub fn get_event(&self, timeout: Option<Duration>) -> io::Result<Option<u64>> {
+        loop {
+            let mut v: u64 = 0;
+            // SAFETY: reads 8 bytes into a live u64 from our eventfd.
+            let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            if r == 8 {
+                let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(id) = ev.pop_front() {
+                    return Ok(Some(id));
+                }
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(e);
+            }
+            let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+            let mut p = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, ms) };
+            if n == 0 {
+                return Ok(None);
+            }
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+static NEXT_CQ_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A completion queue's ring.
+#[derive(Debug)]
+pub struct CqCore {
+    id: u64,
+    ring: Mutex<VecDeque<WorkCompletion>>,
+    cap: usize,
+    overrun: AtomicBool,
+    armed: AtomicU8,
+    channel: Option<Arc<ChannelCore>>,
+}
+
+impl CqCore {
+    /// A CQ of `cqe` entries, optionally reporting to `channel`.
+    pub fn new(cqe: usize, channel: Option<Arc<ChannelCore>>) -> CqCore {
+        CqCore {
+            id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
+            ring: Mutex::new(VecDeque::with_capacity(cqe)),
+            cap: cqe,
+            overrun: AtomicBool::new(false),
+            armed: AtomicU8::new(ARM_NONE),
+            channel,
+        }
+    }
+
+    /// Process-unique id (what a channel reports).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Capacity.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// True once a completion was lost because the ring was full (the CQ is then in error, as
+    /// `IBV_EVENT_CQ_ERR` reports).
+    pub fn overrun(&self) -> bool {
+        self.overrun.load(Ordering::Relaxed)
+    }
+
+    /// Add a completion; fires the channel if armed.
+    pub fn push(&self, wc: WorkCompletion) {
+        {
+            let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+            if r.len() >= self.cap {
+                self.overrun.store(true, Ordering::Relaxed);
+                tracing::warn!(cq = self.id, "completion queue overrun");
+                return;
+            }
+            r.push_back(wc);
+        }
+        if self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE
+            && let Some(ch) = &self.channel
+        {
+            ch.notify(self.id);
+        }
+    }
+
+    /// Move up to `out.len()` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.len().min(r.len());
+        for (slot, wc) in out.iter_mut().zip(r.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when none is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Arm for the next completion added (`ibv_req_notify_cq`); as with hardware, completions
+    /// already waiting do not fire, so a consumer polls once more after arming. Solicited-only
+    /// arming is treated as arming for any completion: the consumer may wake more often than
+    /// it asked, never less.
+    pub fn req_notify(&self) {
+        self.armed.store(ARM_NEXT, Ordering::Release);
+    }
+}

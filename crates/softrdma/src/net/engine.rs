@@ -1,0 +1,521 @@
+//! The per-device engine: drives the sans-IO transport with a real socket and a real clock.
+//!
+//! * **Send path** — in the posting thread: `post_send` locks the QP, posts, and transmits
+//!   what the transport produces straight from the QP's own [`TxBatch`] (packets built in
+//!   place, coalesced into GSO datagrams).
+//! * **Receive path** — whoever holds the receive lock: the engine thread (blocking mode: it
+//!   sleeps in `ppoll` on the socket and the next timer) or a CQ poller (busy-poll mode: every
+//!   `poll_cq` also receives). Datagrams are taken only under that lock, so one QP's packets
+//!   are handled in arrival order. Each packet's ICRC is verified (see [`Engine::verify`]), the
+//!   QP is found by destination QPN, the packet is accepted only from the address the QP is
+//!   connected to, and the QP's answers go out in one batch.
+//! * **Timers** — the engine thread wakes for the earliest QP deadline.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
+
+use super::cq::CqCore;
+use super::udp::{MAX_DATAGRAM, RxBatch, TxBatch, UdpPort};
+use crate::mem::MemoryTable;
+use crate::rc::{Qp, Srq};
+use crate::wire::{ICRC_LEN, IcrcContext, IdDelta, IpHeader, Packet};
+
+/// How the engine waits for packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollMode {
+    /// The engine thread sleeps until a packet or a timer (low CPU, about one thread wake-up of
+    /// added latency).
+    Blocking,
+    /// Polling a CQ receives and processes packets in the polling thread (low latency); the
+    /// engine thread only runs timers and picks up packets nobody polled for.
+    BusyPoll,
+}
+
+/// Datapath counters, readable at run time like a NIC's.
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    /// Datagrams received.
+    pub rx_datagrams: AtomicU64,
+    /// RoCEv2 packets received (segments).
+    pub rx_packets: AtomicU64,
+    /// Packets dropped for a bad ICRC or malformed headers.
+    pub rx_bad: AtomicU64,
+    /// Packets whose ICRC matched only for an IPv4 identification found by solving (third-party
+    /// senders whose identification is not known in advance).
+    pub rx_icrc_solved: AtomicU64,
+    /// Packets for an unknown QP.
+    pub rx_unknown_qp: AtomicU64,
+    /// Packets from an address other than the QP's peer.
+    pub rx_wrong_peer: AtomicU64,
+    /// Datagrams sent (a GSO datagram counts once).
+    pub tx_datagrams: AtomicU64,
+    /// Packets sent.
+    pub tx_packets: AtomicU64,
+    /// Send errors.
+    pub tx_errors: AtomicU64,
+}
+
+/// A QP's mutable half.
+#[derive(Debug)]
+pub struct QpBody {
+    /// The transport state machine.
+    pub qp: Qp,
+    /// Where its packets go (set from the address vector on INIT→RTR).
+    pub peer: Option<SocketAddr>,
+    tx: TxBatch,
+    deltas: Vec<IdDelta>,
+}
+
+/// A shared receive queue with its lock.
+#[derive(Debug)]
+pub struct SrqCore {
+    /// The queue.
+    pub srq: Mutex<Srq>,
+}
+
+/// A QP as the engine holds it.
+#[derive(Debug)]
+pub struct QpCell {
+    /// QP number.
+    pub qpn: u32,
+    /// Protection domain.
+    pub pd: u32,
+    /// The transport state and transmit batch.
+    pub body: Mutex<QpBody>,
+    /// Send completions go here.
+    pub send_cq: Arc<CqCore>,
+    /// Receive completions go here.
+    pub recv_cq: Arc<CqCore>,
+    /// Receives come from here when set.
+    pub srq: Option<Arc<SrqCore>>,
+}
+
+impl QpCell {
+    /// Wrap a new transport QP.
+    pub fn new(
+        qp: Qp,
+        pd: u32,
+        send_cq: Arc<CqCore>,
+        recv_cq: Arc<CqCore>,
+        srq: Option<Arc<SrqCore>>,
+    ) -> QpCell {
+        let max = qp.max_packet_len();
+        QpCell {
+            qpn: qp.qp_num(),
+            pd,
+            body: Mutex::new(QpBody {
+                qp,
+                peer: None,
+                // Room for one GSO datagram of MTU-sized packets, plus acks.
+                tx: TxBatch::new(64, (max * 48).max(MAX_DATAGRAM)),
+                deltas: Vec::with_capacity(4),
+            }),
+            send_cq,
+            recv_cq,
+            srq,
+        }
+    }
+
+    /// Lock the mutable half (a poisoned lock is taken over: the state is still consistent
+    /// because the transport never panics midway).
+    pub fn lock(&self) -> MutexGuard<'_, QpBody> {
+        self.body.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct RxState {
+    batch: RxBatch,
+    deltas: Vec<IdDelta>,
+}
+
+/// One device's datapath.
+#[derive(Debug)]
+pub struct Engine {
+    port: UdpPort,
+    local_ip: IpAddr,
+    mem: Arc<MemoryTable>,
+    qps: RwLock<HashMap<u32, Arc<QpCell>>>,
+    rx: Mutex<RxState>,
+    epoch: Instant,
+    mode: PollMode,
+    stop: AtomicBool,
+    /// Counters.
+    pub counters: EngineCounters,
+}
+
+impl std::fmt::Debug for RxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxState").finish()
+    }
+}
+
+const RX_BATCH: usize = 32;
+
+impl Engine {
+    /// An engine on a bound port.
+    pub fn new(port: UdpPort, mem: Arc<MemoryTable>, mode: PollMode) -> io::Result<Engine> {
+        port.set_nonblocking(true)?;
+        let local_ip = port.local_addr().ip();
+        Ok(Engine {
+            port,
+            local_ip,
+            mem,
+            qps: RwLock::new(HashMap::new()),
+            rx: Mutex::new(RxState {
+                batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
+                deltas: Vec::new(),
+            }),
+            epoch: Instant::now(),
+            mode,
+            stop: AtomicBool::new(false),
+            counters: EngineCounters::default(),
+        })
+    }
+
+    /// Nanoseconds since the engine started: the transport's clock.
+    pub fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The local address.
+    pub fn local_ip(&self) -> IpAddr {
+        self.local_ip
+    }
+
+    /// The bound socket address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.port.local_addr()
+    }
+
+    /// The memory table.
+    pub fn mem(&self) -> &Arc<MemoryTable> {
+        &self.mem
+    }
+
+    /// The poll mode.
+    pub fn mode(&self) -> PollMode {
+        self.mode
+    }
+
+    /// The IP/UDP context for packets from this device to `peer` from UDP port `src_port`.
+    pub fn path_to(&self, peer: IpAddr, src_port: u16) -> IcrcContext {
+        match (self.local_ip, peer) {
+            (IpAddr::V4(l), IpAddr::V4(p)) => IcrcContext::v4(l, p, src_port),
+            (IpAddr::V6(l), IpAddr::V6(p)) => IcrcContext::v6(l, p, src_port),
+            (IpAddr::V6(l), IpAddr::V4(p)) => IcrcContext::v6(l, p.to_ipv6_mapped(), src_port),
+            (IpAddr::V4(l), IpAddr::V6(p)) => match p.to_ipv4_mapped() {
+                Some(p4) => IcrcContext::v4(l, p4, src_port),
+                None => IcrcContext::v6(l.to_ipv6_mapped(), p, src_port),
+            },
+        }
+    }
+
+    /// Register a QP for demultiplexing.
+    pub fn add_qp(&self, cell: Arc<QpCell>) {
+        self.qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(cell.qpn, cell);
+    }
+
+    /// Forget a QP.
+    pub fn remove_qp(&self, qpn: u32) -> Option<Arc<QpCell>> {
+        self.qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn)
+    }
+
+    /// True if a QP with this number exists.
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&qpn)
+    }
+
+    /// Transmit whatever `cell`'s transport has ready and move its completions to the CQs.
+    /// Called with the QP locked, after every post, packet and timeout.
+    pub fn drive(&self, cell: &QpCell, body: &mut QpBody, now: u64) {
+        let QpBody {
+            qp,
+            peer,
+            tx,
+            deltas,
+        } = body;
+        let max = qp.max_packet_len();
+        if let Some(dst) = *peer {
+            let v4 = dst.is_ipv4();
+            loop {
+                if !tx.has_room(max) {
+                    self.flush(tx);
+                }
+                let mem: &MemoryTable = &self.mem;
+                match tx.push_packet(dst, max, |buf| qp.poll_transmit(now, mem, buf).unwrap_or(0)) {
+                    Some((0, _)) => break,
+                    Some((n, k)) => {
+                        if k > 0 && v4 {
+                            fix_icrc_for_id(deltas, tx.last_packet_mut(n), k);
+                        }
+                    }
+                    None => {
+                        if tx.is_empty() {
+                            break; // cannot happen: an empty batch has room for a packet
+                        }
+                        self.flush(tx);
+                    }
+                }
+            }
+            self.flush(tx);
+        }
+        while let Some(wc) = qp.poll_send_completion() {
+            cell.send_cq.push(wc);
+        }
+        while let Some(wc) = qp.poll_recv_completion() {
+            cell.recv_cq.push(wc);
+        }
+    }
+
+    fn flush(&self, tx: &mut TxBatch) {
+        if tx.is_empty() {
+            return;
+        }
+        let (d, p) = (tx.len() as u64, tx.packets() as u64);
+        match self.port.send(tx) {
+            Ok(_) => {
+                self.counters.tx_datagrams.fetch_add(d, Ordering::Relaxed);
+                self.counters.tx_packets.fetch_add(p, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Lost packets are recovered by the transport's retransmission.
+                self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("send failed: {e}");
+            }
+        }
+    }
+
+    /// Receive and process what is queued on the socket, if no other thread is doing so.
+    /// Returns the number of packets processed. Also runs due timers when `timers` is set.
+    pub fn progress(&self, timers: bool) -> usize {
+        let Ok(mut rx) = self.rx.try_lock() else {
+            return 0;
+        };
+        let mut done = 0;
+        for _ in 0..8 {
+            let n = match self.port.recv(&mut rx.batch) {
+                Ok(n) => n,
+                Err(_) => break,
+            };
+            if n == 0 {
+                break;
+            }
+            self.counters
+                .rx_datagrams
+                .fetch_add(n as u64, Ordering::Relaxed);
+            let now = self.now();
+            let RxState { batch, deltas } = &mut *rx;
+            for i in 0..n {
+                let Some(d) = batch.get(i) else { continue };
+                for (k, seg) in d.segments().enumerate() {
+                    done += 1;
+                    self.handle_segment(now, d.src, k, seg, deltas);
+                }
+            }
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        if timers {
+            self.run_timers();
+        }
+        self.counters
+            .rx_packets
+            .fetch_add(done as u64, Ordering::Relaxed);
+        done
+    }
+
+    /// Verify a received packet's ICRC. The IPv4 identification is not visible to a UDP
+    /// socket; softrdma senders use 0 for a lone packet and k for the k-th segment of a GSO
+    /// datagram, so that is tried first (a full 32-bit check). Otherwise (a third-party sender
+    /// such as Linux rxe, which numbers its datagrams) the identification is solved for, which
+    /// leaves 16 check bits; such packets are counted in `rx_icrc_solved`.
+    pub fn verify<'a>(
+        &self,
+        src: SocketAddr,
+        k: usize,
+        seg: &'a [u8],
+        deltas: &mut Vec<IdDelta>,
+    ) -> Option<Packet<'a>> {
+        let id = (k & 0xffff) as u16;
+        let ip = match (src.ip(), self.local_ip) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => IpHeader::V4 {
+                src: s,
+                dst: d,
+                id,
+                dont_fragment: true,
+            },
+            (IpAddr::V6(s), IpAddr::V6(d)) => IpHeader::V6 { src: s, dst: d },
+            _ => {
+                self.counters.rx_bad.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let ctx = IcrcContext {
+            ip,
+            src_port: src.port(),
+            dst_port: self.port.local_addr().port(),
+        };
+        match Packet::parse_verified(&ctx, seg) {
+            Ok(p) => return Some(p),
+            Err(crate::wire::Error::BadIcrc { carried, computed })
+                if matches!(ip, IpHeader::V4 { .. }) =>
+            {
+                let d = delta_for(deltas, seg.len() - ICRC_LEN);
+                if d.solve(computed ^ d.delta(id), carried).is_some() {
+                    self.counters.rx_icrc_solved.fetch_add(1, Ordering::Relaxed);
+                    return Packet::parse(seg).ok();
+                }
+            }
+            Err(_) => {}
+        }
+        self.counters.rx_bad.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    fn handle_segment(
+        &self,
+        now: u64,
+        src: SocketAddr,
+        k: usize,
+        seg: &[u8],
+        deltas: &mut Vec<IdDelta>,
+    ) {
+        let Some(pkt) = self.verify(src, k, seg, deltas) else {
+            return;
+        };
+        let qpn = pkt.hdr.bth.dest_qp;
+        let cell = self
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned();
+        let Some(cell) = cell else {
+            self.counters.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut body = cell.lock();
+        if body.peer.map(|p| p.ip()) != Some(src.ip()) {
+            self.counters.rx_wrong_peer.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        match &cell.srq {
+            Some(s) => {
+                let mut srq = s.srq.lock().unwrap_or_else(|e| e.into_inner());
+                body.qp.handle_packet(now, &pkt, &*self.mem, Some(&mut srq));
+            }
+            None => body.qp.handle_packet(now, &pkt, &*self.mem, None),
+        }
+        self.drive(&cell, &mut body, now);
+    }
+
+    /// Fire due timers of every QP; returns the earliest deadline still pending.
+    pub fn run_timers(&self) -> Option<u64> {
+        let cells: Vec<Arc<QpCell>> = self
+            .qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut next: Option<u64> = None;
+        for cell in cells {
+            let mut body = cell.lock();
+            let now = self.now();
+            if let Some(t) = body.qp.poll_timeout()
+                && t <= now
+            {
+                body.qp.handle_timeout(now);
+                self.drive(&cell, &mut body, now);
+            }
+            if let Some(t) = body.qp.poll_timeout() {
+                next = Some(next.map_or(t, |n: u64| n.min(t)));
+            }
+        }
+        next
+    }
+
+    /// Ask the engine thread to stop.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// The engine thread's loop: until stopped, wait for packets (blocking mode) or for the
+    /// next timer, then make progress.
+    pub fn run(&self) {
+        const IDLE: u64 = 50_000_000; // wake at least every 50 ms to notice `stop`
+        while !self.stop.load(Ordering::Acquire) {
+            let next = self.run_timers();
+            let now = self.now();
+            let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
+            let watch_socket = match self.mode {
+                PollMode::Blocking => true,
+                // Busy pollers receive; the thread steps in after a quiet millisecond.
+                PollMode::BusyPoll => false,
+            };
+            let wait = if watch_socket {
+                wait
+            } else {
+                wait.min(1_000_000)
+            };
+            let ts = libc::timespec {
+                tv_sec: (wait / 1_000_000_000) as i64,
+                tv_nsec: (wait % 1_000_000_000) as i64,
+            };
+            let mut p = libc::pollfd {
+                fd: self.port.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let nfds = if watch_socket { 1 } else { 0 };
+            // SAFETY: `p` is one valid pollfd (ignored when nfds is 0) and `ts` a valid timeout.
+            unsafe { libc::ppoll(&mut p, nfds, &ts, std::ptr::null()) };
+            self.progress(false);
+        }
+    }
+}
+
+fn delta_for(deltas: &mut Vec<IdDelta>, body_len: usize) -> &IdDelta {
+    if let Some(i) = deltas.iter().position(|d| d.body_len() == body_len) {
+        return &deltas[i];
+    }
+    if deltas.len() >= 8 {
+        deltas.remove(0);
+    }
+    deltas.push(IdDelta::new(body_len));
+    deltas.last().expect("just pushed")
+}
+
+/// Give the packet in `pkt` (a whole UDP payload) the ICRC for IPv4 identification `id`.
+fn fix_icrc_for_id(deltas: &mut Vec<IdDelta>, pkt: &mut [u8], id: u16) {
+    let n = pkt.len();
+    if n < ICRC_LEN {
+        return;
+    }
+    let d = delta_for(deltas, n - ICRC_LEN).delta(id);
+    let mut c = [0u8; 4];
+    c.copy_from_slice(&pkt[n - ICRC_LEN..]);
+    let icrc = u32::from_le_bytes(c) ^ d;
+    pkt[n - ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
+}
+
+/// Start the engine thread.
+pub fn spawn(engine: Arc<Engine>) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("softrdma-engine".into())
+        .spawn(move || engine.run())
+}

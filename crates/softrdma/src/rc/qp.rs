@@ -1,0 +1,491 @@
+//! A Reliable Connected queue pair: the state machine of [`super::qp_state`] around the
+//! requester, responder and completer, with bounded work and completion queues.
+
+use std::collections::VecDeque;
+
+use super::completer::CompCounters;
+use super::qp_state::{QpAttr, QpAttrMask, QpState, check_modify};
+use super::requester::ReqOutput;
+use super::responder::{Fatal, RecvSide, RespCounters, RespOutcome};
+use super::rq::Srq;
+use super::sq::SendSide;
+use super::timer::{ack_timeout_ns, earliest};
+use super::wr::{RecvWr, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
+use super::{CreateError, MAX_MSG_SIZE, MAX_OVERHEAD, MAX_SGE, ModifyError, PostError};
+use crate::mem::{AccessCtx, MemoryAccess};
+use crate::wire::{Packet, Psn, Transport};
+
+/// Queue sizes (`ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send queue depth (also the bound of the send completion queue).
+    pub max_send_wr: u32,
+    /// Receive queue depth (also the bound of the receive completion queue).
+    pub max_recv_wr: u32,
+    /// SGEs per send WR (at most [`MAX_SGE`]).
+    pub max_send_sge: u32,
+    /// SGEs per receive WR (at most [`MAX_SGE`]).
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> QpCap {
+        QpCap {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_send_sge: 4,
+            max_recv_sge: 4,
+            max_inline_data: 256,
+        }
+    }
+}
+
+/// What a QP is created with (`ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInit {
+    /// The local QP number (24 bits; chosen by the caller, ideally unpredictable).
+    pub qp_num: u32,
+    /// Protection domain.
+    pub pd: u32,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Take receives from the SRQ with this id instead of an own receive queue.
+    pub srq: Option<u32>,
+    /// Complete every send WR, signaled or not.
+    pub sq_sig_all: bool,
+}
+
+/// Run-time counters, like a NIC's hardware counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    /// Packets produced by `poll_transmit`.
+    pub packets_sent: u64,
+    /// Packets given to `handle_packet`.
+    pub packets_received: u64,
+    /// Packets dropped (wrong QP, state, or transport).
+    pub packets_dropped: u64,
+    /// Completer counters.
+    pub comp: CompCounters,
+    /// Responder counters.
+    pub resp: RespCounters,
+}
+
+/// A Reliable Connected queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    qpn: u32,
+    pd: u32,
+    cap: QpCap,
+    sq_sig_all: bool,
+    state: QpState,
+    attr: QpAttr,
+    send: SendSide,
+    recv: RecvSide,
+    send_cq: VecDeque<WorkCompletion>,
+    recv_cq: VecDeque<WorkCompletion>,
+    counters: QpCounters,
+}
+
+impl Qp {
+    /// Create a QP in the RESET state. Every queue is allocated here, once.
+    pub fn new(init: QpInit) -> Result<Qp, CreateError> {
+        let c = init.cap;
+        if init.qp_num > Psn::MASK {
+            return Err(CreateError::InvalidCap("qp_num"));
+        }
+        if c.max_send_wr == 0 || c.max_send_wr > 1 << 16 {
+            return Err(CreateError::InvalidCap("max_send_wr"));
+        }
+        if c.max_recv_wr > 1 << 16 || (c.max_recv_wr == 0 && init.srq.is_none()) {
+            return Err(CreateError::InvalidCap("max_recv_wr"));
+        }
+        if c.max_send_sge as usize > MAX_SGE || c.max_recv_sge as usize > MAX_SGE {
+            return Err(CreateError::InvalidCap("max_sge"));
+        }
+        if c.max_inline_data > 4096 {
+            return Err(CreateError::InvalidCap("max_inline_data"));
+        }
+        let recv_cq = (c.max_recv_wr.max(1)) as usize;
+        Ok(Qp {
+            qpn: init.qp_num,
+            pd: init.pd,
+            cap: c,
+            sq_sig_all: init.sq_sig_all,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            send: SendSide::new(c.max_send_wr as usize, c.max_inline_data as usize),
+            recv: RecvSide::new(c.max_recv_wr as usize, c.max_recv_sge as usize, init.srq),
+            send_cq: VecDeque::with_capacity(c.max_send_wr as usize),
+            recv_cq: VecDeque::with_capacity(recv_cq),
+            counters: QpCounters::default(),
+        })
+    }
+
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+    /// Current attributes (`ibv_query_qp`).
+    pub fn attr(&self) -> &QpAttr {
+        &self.attr
+    }
+    /// Counters.
+    pub fn counters(&self) -> &QpCounters {
+        &self.counters
+    }
+    /// Size a transmit buffer must have: path MTU plus headers, pad and ICRC.
+    pub fn max_packet_len(&self) -> usize {
+        self.attr.path_mtu.bytes() as usize + MAX_OVERHEAD
+    }
+    /// Send WRs posted and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.send.sq.len()
+    }
+    /// Receives posted to the QP's own receive queue and not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.recv.rq.len()
+    }
+
+    fn actx(&self) -> AccessCtx {
+        AccessCtx {
+            pd: self.pd,
+            qpn: self.qpn,
+        }
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&mut self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
+        let to = check_modify(self.state, attr, mask)?;
+        let has = |m| mask.contains(m);
+        let a = &mut self.attr;
+        if has(QpAttrMask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if has(QpAttrMask::AV) {
+            a.av = attr.av;
+        }
+        if has(QpAttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if has(QpAttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if has(QpAttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+        }
+        if has(QpAttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+        }
+        if has(QpAttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+            self.recv.epsn = Psn::new(attr.rq_psn);
+        }
+        if has(QpAttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+            self.send.set_sq_psn(Psn::new(attr.sq_psn));
+        }
+        if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if has(QpAttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if has(QpAttrMask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        a.qp_state = to;
+        a.cur_qp_state = to;
+        let a = *a;
+        let s = &mut self.send;
+        s.mtu = a.path_mtu.bytes();
+        s.timeout_ns = ack_timeout_ns(a.timeout);
+        s.retry_cnt = a.retry_cnt;
+        s.rnr_retry = a.rnr_retry;
+        s.max_rd_atomic = a.max_rd_atomic;
+        s.dest_qpn = a.dest_qp_num;
+        if has(QpAttrMask::RETRY_CNT) {
+            s.retry_left = a.retry_cnt;
+        }
+        if has(QpAttrMask::RNR_RETRY) {
+            s.rnr_left = a.rnr_retry;
+        }
+        let r = &mut self.recv;
+        r.mtu = a.path_mtu.bytes();
+        r.access = a.qp_access_flags;
+        r.min_rnr_timer = a.min_rnr_timer;
+        r.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        r.dest_qpn = a.dest_qp_num;
+        let from = self.state;
+        self.state = to;
+        match to {
+            QpState::Reset if from != QpState::Reset => self.reset(),
+            QpState::Err if from != QpState::Err => self.enter_error(),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        let depth = self.cap.max_send_wr as usize;
+        self.send.sq.clear();
+        self.send.req_seq = self.send.sq.tail;
+        self.send.req_pkt = 0;
+        self.send.halted = false;
+        self.send.retrans_deadline = None;
+        self.send.rnr_deadline = None;
+        self.recv.reset();
+        self.send_cq.clear();
+        self.recv_cq.clear();
+        self.attr = QpAttr::default();
+        debug_assert!(self.send_cq.capacity() >= depth);
+    }
+
+    fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        self.attr.qp_state = QpState::Err;
+        self.send.flush();
+        self.recv.enter_error();
+        self.retire();
+        self.flush_recv();
+    }
+
+    fn flush_recv(&mut self) {
+        let cap = self.recv_cq.capacity().max(1);
+        while self.recv_cq.len() < cap {
+            let Some(w) = self.recv.rq.pop() else { break };
+            self.recv_cq.push_back(WorkCompletion {
+                wr_id: w.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm_data: None,
+                invalidated_rkey: None,
+                qp_num: self.qpn,
+                src_qp: self.attr.dest_qp_num,
+            });
+        }
+    }
+
+    fn retire(&mut self) {
+        let cap = self.cap.max_send_wr as usize;
+        if self
+            .send
+            .retire(self.qpn, self.sq_sig_all, &mut self.send_cq, cap)
+            .is_some()
+            && self.state != QpState::Err
+        {
+            self.enter_error();
+        }
+    }
+
+    /// `ibv_post_send`. In the error state the WR is accepted and completes with
+    /// `WR_FLUSH_ERR`.
+    pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if self.send.sq.is_full() {
+            return Err(PostError::QueueFull);
+        }
+        if wr.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(PostError::TooManySge(wr.sg_list.len()));
+        }
+        let sges = SgList::from_slice(wr.sg_list).ok_or(PostError::TooManySge(wr.sg_list.len()))?;
+        let len = match (wr.inline_data, wr.opcode.carries_payload()) {
+            (Some(d), true) => {
+                if d.len() > self.cap.max_inline_data as usize {
+                    return Err(PostError::InlineTooLong(d.len()));
+                }
+                d.len() as u64
+            }
+            (Some(_), false) => {
+                return Err(PostError::InvalidArgument(
+                    "inline data on a non-payload WR",
+                ));
+            }
+            (None, _) => sges.total_len(),
+        };
+        if len > MAX_MSG_SIZE {
+            return Err(PostError::InvalidArgument("message longer than 2^31 bytes"));
+        }
+        if wr.opcode.is_atomic() && (sges.as_slice().len() != 1 || sges.as_slice()[0].length != 8) {
+            return Err(PostError::InvalidArgument("an atomic needs one 8-byte SGE"));
+        }
+        if wr.opcode.is_rd_atomic() && self.attr.max_rd_atomic == 0 {
+            return Err(PostError::InvalidArgument("max_rd_atomic is 0"));
+        }
+        let err = self.state == QpState::Err;
+        let w = self.send.sq.push();
+        w.wr_id = wr.wr_id;
+        w.op = wr.opcode;
+        w.flags = wr.send_flags;
+        w.sges = sges;
+        w.len = if wr.opcode.is_atomic() { 8 } else { len as u32 };
+        w.signaled = wr.send_flags.contains(super::SendFlags::SIGNALED);
+        if let Some(d) = wr.inline_data {
+            w.inline.extend_from_slice(d);
+            w.use_inline = true;
+        }
+        if err {
+            w.done = Some(WcStatus::WrFlushErr);
+            self.retire();
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv` (QPs without an SRQ). In the error state the WR completes with
+    /// `WR_FLUSH_ERR`.
+    pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        if self.recv.srq_id.is_some() {
+            return Err(PostError::InvalidArgument("QP uses an SRQ"));
+        }
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        self.recv.rq.post(wr)?;
+        if self.state == QpState::Err {
+            self.flush_recv();
+        }
+        Ok(())
+    }
+
+    /// Feed one packet (already ICRC-verified and parsed by the driver) addressed to this QP.
+    /// `srq` is the shared receive queue the QP was created with, if any.
+    pub fn handle_packet(
+        &mut self,
+        now: u64,
+        pkt: &Packet<'_>,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+    ) {
+        self.counters.packets_received += 1;
+        let Some(info) = pkt.hdr.bth.opcode.info() else {
+            self.counters.packets_dropped += 1;
+            return;
+        };
+        let live = matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        );
+        if !live || info.transport != Transport::Rc || pkt.hdr.bth.dest_qp != self.qpn {
+            self.counters.packets_dropped += 1;
+            return;
+        }
+        let actx = self.actx();
+        if info.is_request() {
+            let cap = self.recv_cq.capacity().max(1);
+            let out = self.recv.handle_request(
+                pkt,
+                info.kind,
+                info.position,
+                actx,
+                mem,
+                srq,
+                &mut self.recv_cq,
+                cap,
+                &mut self.counters.resp,
+            );
+            if out == RespOutcome::Fatal {
+                self.enter_error();
+            }
+        } else if self.state != QpState::Rtr {
+            let r =
+                self.send
+                    .handle_response(now, pkt, info.kind, actx, mem, &mut self.counters.comp);
+            self.retire();
+            if r.is_err() {
+                self.retire();
+            }
+        }
+    }
+
+    /// Produce the next packet to send into `buf` (at least [`Qp::max_packet_len`] bytes):
+    /// responder answers first, then requests. Also executes local WRs (LOCAL_INV, BIND_MW).
+    /// Returns the UDP payload length.
+    pub fn poll_transmit(
+        &mut self,
+        now: u64,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let icrc = self.attr.av?;
+        if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
+            return None;
+        }
+        let actx = self.actx();
+        if self.recv.has_response() {
+            match self.recv.poll_response(actx, mem, &icrc, buf) {
+                Ok(Some(n)) => {
+                    self.counters.packets_sent += 1;
+                    return Some(n);
+                }
+                Ok(None) => {}
+                Err(Fatal) => {
+                    self.enter_error();
+                    return self.poll_transmit(now, mem, buf);
+                }
+            }
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let sqd = self.state == QpState::Sqd;
+        let out = self.send.poll_request(now, sqd, actx, mem, &icrc, buf);
+        self.retire();
+        match out {
+            ReqOutput::Packet(n) => {
+                self.counters.packets_sent += 1;
+                Some(n)
+            }
+            ReqOutput::Idle => None,
+        }
+    }
+
+    /// The next instant `handle_timeout` must be called, if any.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        earliest(self.send.retrans_deadline, self.send.rnr_deadline)
+    }
+
+    /// Let time pass: fire the retransmission or RNR timer if due.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let _ = self.send.handle_timeout(now, &mut self.counters.comp);
+        self.retire();
+    }
+
+    /// The next completion, send side first.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.poll_send_completion()
+            .or_else(|| self.poll_recv_completion())
+    }
+
+    /// The next send-queue completion (posting order).
+    pub fn poll_send_completion(&mut self) -> Option<WorkCompletion> {
+        let wc = self.send_cq.pop_front();
+        self.retire();
+        wc
+    }
+
+    /// The next receive completion.
+    pub fn poll_recv_completion(&mut self) -> Option<WorkCompletion> {
+        let wc = self.recv_cq.pop_front();
+        if self.state == QpState::Err {
+            self.flush_recv();
+        }
+        wc
+    }
+}

@@ -1,0 +1,435 @@
+//! The QP state machine and its attributes, with the rules of `ibv_modify_qp` for RC QPs
+//! (IBTA 11.2.1.2 / rdma-core's `qp_state_table`): which transitions exist, which
+//! attributes each requires and which it accepts.
+
+use crate::mem::Access;
+use crate::wire::{IcrcContext, Psn};
+
+/// `enum ibv_qp_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum QpState {
+    /// `IBV_QPS_RESET`
+    Reset = 0,
+    /// `IBV_QPS_INIT`: receives may be posted.
+    Init = 1,
+    /// `IBV_QPS_RTR`: the responder runs.
+    Rtr = 2,
+    /// `IBV_QPS_RTS`: the requester runs too.
+    Rts = 3,
+    /// `IBV_QPS_SQD`: the requester starts no new WR.
+    Sqd = 4,
+    /// `IBV_QPS_SQE` (send queue error; UC/UD only, never entered by RC).
+    Sqe = 5,
+    /// `IBV_QPS_ERR`: everything outstanding is flushed.
+    Err = 6,
+}
+
+/// `enum ibv_mtu`: path MTU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u32)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// All values, smallest first.
+    pub const ALL: [Mtu; 5] = [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ];
+
+    /// Bytes.
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+    /// From a byte count (256-4096, a power of two).
+    pub fn from_bytes(b: u32) -> Option<Mtu> {
+        Mtu::ALL.into_iter().find(|m| m.bytes() == b)
+    }
+}
+
+/// `enum ibv_qp_attr_mask`, with its bit values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QpAttrMask(pub u32);
+
+impl QpAttrMask {
+    /// `IBV_QP_STATE`
+    pub const STATE: QpAttrMask = QpAttrMask(1);
+    /// `IBV_QP_CUR_STATE`
+    pub const CUR_STATE: QpAttrMask = QpAttrMask(1 << 1);
+    /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`
+    pub const EN_SQD_ASYNC_NOTIFY: QpAttrMask = QpAttrMask(1 << 2);
+    /// `IBV_QP_ACCESS_FLAGS`
+    pub const ACCESS_FLAGS: QpAttrMask = QpAttrMask(1 << 3);
+    /// `IBV_QP_PKEY_INDEX`
+    pub const PKEY_INDEX: QpAttrMask = QpAttrMask(1 << 4);
+    /// `IBV_QP_PORT`
+    pub const PORT: QpAttrMask = QpAttrMask(1 << 5);
+    /// `IBV_QP_QKEY` (UD only)
+    pub const QKEY: QpAttrMask = QpAttrMask(1 << 6);
+    /// `IBV_QP_AV`: the path to the peer ([`QpAttr::av`]).
+    pub const AV: QpAttrMask = QpAttrMask(1 << 7);
+    /// `IBV_QP_PATH_MTU`
+    pub const PATH_MTU: QpAttrMask = QpAttrMask(1 << 8);
+    /// `IBV_QP_TIMEOUT`
+    pub const TIMEOUT: QpAttrMask = QpAttrMask(1 << 9);
+    /// `IBV_QP_RETRY_CNT`
+    pub const RETRY_CNT: QpAttrMask = QpAttrMask(1 << 10);
+    /// `IBV_QP_RNR_RETRY`
+    pub const RNR_RETRY: QpAttrMask = QpAttrMask(1 << 11);
+    /// `IBV_QP_RQ_PSN`
+    pub const RQ_PSN: QpAttrMask = QpAttrMask(1 << 12);
+    /// `IBV_QP_MAX_QP_RD_ATOMIC`
+    pub const MAX_QP_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 13);
+    /// `IBV_QP_ALT_PATH`
+    pub const ALT_PATH: QpAttrMask = QpAttrMask(1 << 14);
+    /// `IBV_QP_MIN_RNR_TIMER`
+    pub const MIN_RNR_TIMER: QpAttrMask = QpAttrMask(1 << 15);
+    /// `IBV_QP_SQ_PSN`
+    pub const SQ_PSN: QpAttrMask = QpAttrMask(1 << 16);
+    /// `IBV_QP_MAX_DEST_RD_ATOMIC`
+    pub const MAX_DEST_RD_ATOMIC: QpAttrMask = QpAttrMask(1 << 17);
+    /// `IBV_QP_PATH_MIG_STATE`
+    pub const PATH_MIG_STATE: QpAttrMask = QpAttrMask(1 << 18);
+    /// `IBV_QP_CAP`
+    pub const CAP: QpAttrMask = QpAttrMask(1 << 19);
+    /// `IBV_QP_DEST_QPN`
+    pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
+
+    /// True when every bit of `o` is set.
+    pub const fn contains(self, o: QpAttrMask) -> bool {
+        self.0 & o.0 == o.0
+    }
+    /// Union.
+    pub const fn with(self, o: QpAttrMask) -> QpAttrMask {
+        QpAttrMask(self.0 | o.0)
+    }
+    /// The name of the lowest set bit (for error messages).
+    pub fn first_name(self) -> &'static str {
+        const NAMES: [&str; 21] = [
+            "STATE",
+            "CUR_STATE",
+            "EN_SQD_ASYNC_NOTIFY",
+            "ACCESS_FLAGS",
+            "PKEY_INDEX",
+            "PORT",
+            "QKEY",
+            "AV",
+            "PATH_MTU",
+            "TIMEOUT",
+            "RETRY_CNT",
+            "RNR_RETRY",
+            "RQ_PSN",
+            "MAX_QP_RD_ATOMIC",
+            "ALT_PATH",
+            "MIN_RNR_TIMER",
+            "SQ_PSN",
+            "MAX_DEST_RD_ATOMIC",
+            "PATH_MIG_STATE",
+            "CAP",
+            "DEST_QPN",
+        ];
+        NAMES
+            .get(self.0.trailing_zeros() as usize)
+            .copied()
+            .unwrap_or("?")
+    }
+}
+
+impl core::ops::BitOr for QpAttrMask {
+    type Output = QpAttrMask;
+    fn bitor(self, o: QpAttrMask) -> QpAttrMask {
+        self.with(o)
+    }
+}
+
+/// `struct ibv_qp_attr`, the fields an RC QP uses. Only the fields named by the mask given to
+/// [`crate::rc::Qp::modify`] are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Target state.
+    pub qp_state: QpState,
+    /// Expected current state (checked when `CUR_STATE` is in the mask).
+    pub cur_qp_state: QpState,
+    /// Remote rights the responder grants (`REMOTE_WRITE`, `REMOTE_READ`, `REMOTE_ATOMIC`).
+    pub qp_access_flags: Access,
+    /// P_Key index (only index 0, P_Key 0xFFFF, exists).
+    pub pkey_index: u16,
+    /// Port number (1).
+    pub port_num: u8,
+    /// The path to the peer: the IP/UDP context packets travel in (stands for `ah_attr`).
+    pub av: Option<IcrcContext>,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Local ACK timeout: 4.096 us x 2^timeout; 0 means infinite (0-31).
+    pub timeout: u8,
+    /// Transport retries (0-7).
+    pub retry_cnt: u8,
+    /// RNR retries (0-7; 7 means retry forever).
+    pub rnr_retry: u8,
+    /// First PSN the responder expects.
+    pub rq_psn: u32,
+    /// First PSN the requester sends.
+    pub sq_psn: u32,
+    /// READ/atomic requests this QP may have outstanding as requester.
+    pub max_rd_atomic: u8,
+    /// READ/atomic requests this QP accepts outstanding as responder.
+    pub max_dest_rd_atomic: u8,
+    /// RNR timer code the responder puts in its RNR NAKs (0-31).
+    pub min_rnr_timer: u8,
+    /// The peer QP number (24 bits).
+    pub dest_qp_num: u32,
+}
+
+impl Default for QpAttr {
+    fn default() -> QpAttr {
+        QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            qp_access_flags: Access::NONE,
+            pkey_index: 0,
+            port_num: 1,
+            av: None,
+            path_mtu: Mtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            rq_psn: 0,
+            sq_psn: 0,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            dest_qp_num: 0,
+        }
+    }
+}
+
+/// Why `modify` refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ModifyError {
+    /// The transition does not exist.
+    #[error("invalid transition {from:?} -> {to:?}")]
+    InvalidTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// `CUR_STATE` given and different from the real current state.
+    #[error("current state is {actual:?}, caller said {claimed:?}")]
+    CurStateMismatch {
+        /// The real state.
+        actual: QpState,
+        /// The state claimed.
+        claimed: QpState,
+    },
+    /// A required attribute is missing from the mask.
+    #[error("attribute {0} required for this transition")]
+    MissingAttr(&'static str),
+    /// An attribute this transition does not accept is in the mask.
+    #[error("attribute {0} not accepted by this transition")]
+    UnexpectedAttr(&'static str),
+    /// An attribute value is out of range.
+    #[error("attribute {0} has an invalid value")]
+    InvalidValue(&'static str),
+}
+
+/// Required and optional attributes of a transition; `None` when it does not exist.
+pub fn transition_rules(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let none = M(0);
+    Some(match (from, to) {
+        (_, Reset) | (_, Err) => (none, none),
+        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        (Init, Rtr) => (
+            M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+            M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+        (Rtr, Rts) => (
+            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+            M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+        ),
+        (Rts, Rts) => (
+            none,
+            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+        ),
+        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (
+            none,
+            M::CUR_STATE
+                | M::AV
+                | M::ALT_PATH
+                | M::ACCESS_FLAGS
+                | M::PKEY_INDEX
+                | M::PORT
+                | M::TIMEOUT
+                | M::RETRY_CNT
+                | M::RNR_RETRY
+                | M::MAX_QP_RD_ATOMIC
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER
+                | M::PATH_MIG_STATE
+                | M::PATH_MTU,
+        ),
+        (Sqd, Rts) => (
+            none,
+            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+        ),
+        (Sqe, Rts) => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::MIN_RNR_TIMER),
+        _ => return None,
+    })
+}
+
+/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted (`max_qp_rd_atom` of the device).
+pub const MAX_RD_ATOMIC: u8 = 16;
+
+/// Check a modify request against the rules and the attribute ranges.
+pub fn check_modify(cur: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<QpState, ModifyError> {
+    let to = if mask.contains(QpAttrMask::STATE) {
+        attr.qp_state
+    } else {
+        cur
+    };
+    if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+        return Err(ModifyError::CurStateMismatch {
+            actual: cur,
+            claimed: attr.cur_qp_state,
+        });
+    }
+    let (req, opt) =
+        transition_rules(cur, to).ok_or(ModifyError::InvalidTransition { from: cur, to })?;
+    let given = QpAttrMask(mask.0 & !QpAttrMask::STATE.0);
+    let missing = QpAttrMask(req.0 & !given.0);
+    if missing.0 != 0 {
+        return Err(ModifyError::MissingAttr(missing.first_name()));
+    }
+    let extra = QpAttrMask(given.0 & !(req.0 | opt.0));
+    // To RESET and ERR every attribute is ignored (as in rdma-core), so extras are accepted.
+    if extra.0 != 0 && !matches!(to, QpState::Reset | QpState::Err) {
+        return Err(ModifyError::UnexpectedAttr(extra.first_name()));
+    }
+    let has = |m| given.contains(m);
+    let bad = ModifyError::InvalidValue;
+    if has(QpAttrMask::AV) && attr.av.is_none() {
+        return Err(bad("av"));
+    }
+    if has(QpAttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
+        return Err(bad("pkey_index"));
+    }
+    if has(QpAttrMask::PORT) && attr.port_num != 1 {
+        return Err(bad("port_num"));
+    }
+    if has(QpAttrMask::TIMEOUT) && attr.timeout > 31 {
+        return Err(bad("timeout"));
+    }
+    if has(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+        return Err(bad("retry_cnt"));
+    }
+    if has(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+        return Err(bad("rnr_retry"));
+    }
+    if has(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+        return Err(bad("min_rnr_timer"));
+    }
+    if has(QpAttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > MAX_RD_ATOMIC {
+        return Err(bad("max_rd_atomic"));
+    }
+    if has(QpAttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > MAX_RD_ATOMIC {
+        return Err(bad("max_dest_rd_atomic"));
+    }
+    if has(QpAttrMask::DEST_QPN) && attr.dest_qp_num > Psn::MASK {
+        return Err(bad("dest_qp_num"));
+    }
+    if has(QpAttrMask::RQ_PSN) && attr.rq_psn > Psn::MASK {
+        return Err(bad("rq_psn"));
+    }
+    if has(QpAttrMask::SQ_PSN) && attr.sq_psn > Psn::MASK {
+        return Err(bad("sq_psn"));
+    }
+    if has(QpAttrMask::ACCESS_FLAGS) {
+        let allowed = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        if attr.qp_access_flags.0 & !allowed.0 != 0 {
+            return Err(bad("qp_access_flags"));
+        }
+    }
+    Ok(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use QpAttrMask as M;
+
+    #[test]
+    fn rules_follow_ibv_modify_qp() {
+        let a = QpAttr::default();
+        let init = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+        let to = |s| QpAttr { qp_state: s, ..a };
+        assert_eq!(
+            check_modify(QpState::Reset, &to(QpState::Init), init),
+            Ok(QpState::Init)
+        );
+        assert_eq!(
+            check_modify(
+                QpState::Reset,
+                &to(QpState::Init),
+                M::STATE | M::PORT | M::ACCESS_FLAGS
+            ),
+            Err(ModifyError::MissingAttr("PKEY_INDEX"))
+        );
+        assert_eq!(
+            check_modify(QpState::Reset, &to(QpState::Rts), M::STATE),
+            Err(ModifyError::InvalidTransition {
+                from: QpState::Reset,
+                to: QpState::Rts
+            })
+        );
+        assert_eq!(
+            check_modify(QpState::Init, &to(QpState::Init), M::STATE | M::SQ_PSN),
+            Err(ModifyError::UnexpectedAttr("SQ_PSN"))
+        );
+        assert_eq!(
+            check_modify(QpState::Rts, &to(QpState::Err), M::STATE | M::SQ_PSN),
+            Ok(QpState::Err)
+        );
+        let rts =
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC;
+        assert_eq!(
+            check_modify(QpState::Rtr, &to(QpState::Rts), rts),
+            Ok(QpState::Rts)
+        );
+        let bad = QpAttr {
+            retry_cnt: 8,
+            ..to(QpState::Rts)
+        };
+        assert_eq!(
+            check_modify(QpState::Rtr, &bad, rts),
+            Err(ModifyError::InvalidValue("retry_cnt"))
+        );
+        assert_eq!(Mtu::Mtu4096.bytes(), 4096);
+        assert_eq!(Mtu::from_bytes(512), Some(Mtu::Mtu512));
+    }
+}

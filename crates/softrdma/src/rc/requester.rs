@@ -1,0 +1,332 @@
+//! The requester: turns send WQEs into request packets (rxe's `rxe_req.c`).
+//!
+//! Segmentation to the path MTU, PSN assignment, the AckReq policy (last packet of every
+//! message, every [`ACK_REQ_EVERY`] packets of a long one, and every READ/atomic request),
+//! the window of [`MAX_INFLIGHT_PSNS`] unacknowledged PSNs, the `max_rd_atomic` limit,
+//! fences, and local operations (LOCAL_INV, BIND_MW) executed in queue order.
+
+use super::sq::{SendSide, SendWqe};
+use super::wr::{SendFlags, WcStatus, WrOpcode};
+use super::{ACK_REQ_EVERY, MAX_INFLIGHT_PSNS};
+use crate::mem::{Access, AccessCtx, MemoryAccess};
+use crate::wire::packet::{pad_for, seal};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, HeaderRepr, Headers, IcrcContext, OpKind, Opcode, Position, Psn,
+    RethRepr, Transport,
+};
+
+/// What one call of the requester produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReqOutput {
+    /// A packet of this length is in the buffer.
+    Packet(usize),
+    /// Nothing to send now.
+    Idle,
+}
+
+fn position(idx: u32, n: u32) -> Position {
+    match (idx == 0, idx + 1 >= n) {
+        (true, true) => Position::Only,
+        (true, false) => Position::First,
+        (false, true) => Position::Last,
+        (false, false) => Position::Middle,
+    }
+}
+
+/// Number of packets (PSNs) a message of `len` bytes needs at this MTU (at least one).
+pub fn packets_for(len: u64, mtu: u32) -> u32 {
+    len.div_ceil(u64::from(mtu)).max(1) as u32
+}
+
+impl SendSide {
+    /// Produce the next request packet into `buf`, or execute local WQEs. `sqd` stops new
+    /// WQEs from starting (send queue drain).
+    pub fn poll_request(
+        &mut self,
+        now: u64,
+        sqd: bool,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        icrc: &IcrcContext,
+        buf: &mut [u8],
+    ) -> ReqOutput {
+        if self.rnr_deadline.is_some() || self.halted {
+            return ReqOutput::Idle;
+        }
+        loop {
+            if self.req_seq < self.sq.head {
+                self.req_seq = self.sq.head;
+                self.req_pkt = 0;
+            }
+            if self.req_seq >= self.sq.tail {
+                return ReqOutput::Idle;
+            }
+            let seq = self.req_seq;
+            let w = self.sq.get(seq);
+            if w.done.is_some() {
+                self.req_seq += 1;
+                self.req_pkt = 0;
+                continue;
+            }
+            if !w.psn_assigned {
+                if sqd {
+                    return ReqOutput::Idle;
+                }
+                let in_flight = self.rd_atomic_in_flight();
+                if w.flags.contains(SendFlags::FENCE) && in_flight > 0 {
+                    return ReqOutput::Idle;
+                }
+                if w.op.is_rd_atomic() && in_flight >= usize::from(self.max_rd_atomic) {
+                    return ReqOutput::Idle;
+                }
+                if w.op.is_local() {
+                    let st = execute_local(w, actx, mem);
+                    let w = self.sq.get_mut(seq);
+                    w.done = Some(st);
+                    w.psn_assigned = true;
+                    if st != WcStatus::Success {
+                        self.halted = true;
+                        return ReqOutput::Idle;
+                    }
+                    continue;
+                }
+                if let Err(st) = check_local(w, actx, mem) {
+                    self.sq.get_mut(seq).done = Some(st);
+                    self.halted = true;
+                    return ReqOutput::Idle;
+                }
+                let (mtu, first) = (self.mtu, self.next_psn);
+                let w = self.sq.get_mut(seq);
+                w.first_psn = first;
+                w.npkts = if w.op.is_atomic() {
+                    1
+                } else {
+                    packets_for(u64::from(w.len), mtu)
+                };
+                w.psn_assigned = true;
+                self.next_psn = first.add(w.npkts);
+                self.req_pkt = 0;
+            }
+            let w = self.sq.get(seq);
+            if self.req_pkt >= w.npkts {
+                self.req_seq += 1;
+                self.req_pkt = 0;
+                continue;
+            }
+            let psn = w.first_psn.add(self.req_pkt);
+            if psn.diff(self.comp_psn) >= MAX_INFLIGHT_PSNS {
+                return ReqOutput::Idle;
+            }
+            let force_ack = self.noack + 1 >= ACK_REQ_EVERY;
+            match build_request(
+                w,
+                self.req_pkt,
+                psn,
+                self.dest_qpn,
+                self.mtu,
+                force_ack,
+                actx,
+                mem,
+                icrc,
+                buf,
+            ) {
+                Ok((n, ack_req, consumed)) => {
+                    self.noack = if ack_req { 0 } else { self.noack + 1 };
+                    self.req_pkt += consumed;
+                    let end = psn.add(consumed);
+                    if end.is_after(self.sent_end) {
+                        self.sent_end = end;
+                    }
+                    if self.retrans_deadline.is_none() {
+                        self.retrans_deadline = self.timeout_ns.map(|t| now + t);
+                    }
+                    return ReqOutput::Packet(n);
+                }
+                Err(st) => {
+                    self.sq.get_mut(seq).done = Some(st);
+                    self.halted = true;
+                    return ReqOutput::Idle;
+                }
+            }
+        }
+    }
+}
+
+/// Execute LOCAL_INV or BIND_MW.
+fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> WcStatus {
+    match w.op {
+        WrOpcode::LocalInv { rkey } => match mem.invalidate(actx, rkey) {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::LocProtErr,
+        },
+        WrOpcode::BindMw {
+            mw_rkey,
+            new_rkey,
+            mr_lkey,
+            addr,
+            length,
+            access,
+        } => match mem.bind_mw(actx, mw_rkey, new_rkey, mr_lkey, addr, length, access) {
+            Ok(()) => WcStatus::Success,
+            Err(_) => WcStatus::MwBindErr,
+        },
+        _ => WcStatus::LocQpOpErr,
+    }
+}
+
+/// Check the local SGEs of a WQE before it starts: readable for SEND/WRITE, writable for
+/// READ and atomics.
+fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(), WcStatus> {
+    if w.use_inline {
+        return Ok(());
+    }
+    let access = if w.op.carries_payload() {
+        Access::NONE
+    } else {
+        Access::LOCAL_WRITE
+    };
+    for s in w.sges.as_slice() {
+        if s.length > 0 {
+            mem.check(actx, s.lkey, s.addr, u64::from(s.length), access)
+                .map_err(|_| WcStatus::LocProtErr)?;
+        }
+    }
+    Ok(())
+}
+
+/// Build packet `idx` of `w` at `psn`. Returns (length, AckReq set, PSNs consumed).
+#[allow(clippy::too_many_arguments)]
+fn build_request(
+    w: &SendWqe,
+    idx: u32,
+    psn: Psn,
+    dest_qpn: u32,
+    mtu: u32,
+    force_ack: bool,
+    actx: AccessCtx,
+    mem: &dyn MemoryAccess,
+    icrc: &IcrcContext,
+    buf: &mut [u8],
+) -> Result<(usize, bool, u32), WcStatus> {
+    let off = u64::from(idx) * u64::from(mtu);
+    let pos = position(idx, w.npkts);
+    let (kind, extra, reth) = match w.op {
+        WrOpcode::Send => (OpKind::Send, Headers::NONE, None),
+        WrOpcode::SendWithImm { .. } => (OpKind::Send, Headers::IMMDT, None),
+        WrOpcode::SendWithInv { .. } => (OpKind::Send, Headers::IETH, None),
+        WrOpcode::RdmaWrite { remote_addr, rkey } => {
+            (OpKind::Write, Headers::NONE, Some((remote_addr, rkey)))
+        }
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr, rkey, ..
+        } => (OpKind::Write, Headers::IMMDT, Some((remote_addr, rkey))),
+        WrOpcode::RdmaRead { remote_addr, rkey } => {
+            // One request covers every remaining response PSN; a retry asks for the rest.
+            let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_READ_REQUEST, dest_qpn, psn));
+            let remaining = u64::from(w.len).saturating_sub(off);
+            h.reth = Some(RethRepr {
+                va: remote_addr.wrapping_add(off),
+                rkey,
+                dma_len: remaining as u32,
+            });
+            h.bth.ack_req = true;
+            let n = emit_sealed(&h, 0, icrc, buf, |_| Ok(()))?;
+            return Ok((n, true, w.npkts - idx));
+        }
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_COMPARE_SWAP, dest_qpn, psn));
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+            h.bth.ack_req = true;
+            return Ok((emit_sealed(&h, 0, icrc, buf, |_| Ok(()))?, true, 1));
+        }
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_FETCH_ADD, dest_qpn, psn));
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+            h.bth.ack_req = true;
+            return Ok((emit_sealed(&h, 0, icrc, buf, |_| Ok(()))?, true, 1));
+        }
+        WrOpcode::LocalInv { .. } | WrOpcode::BindMw { .. } => return Err(WcStatus::LocQpOpErr),
+    };
+    let extra = if pos.ends() { extra } else { Headers::NONE };
+    let opcode = Opcode::find(Transport::Rc, kind, pos, extra).ok_or(WcStatus::LocQpOpErr)?;
+    let mut h = HeaderRepr::new(BthRepr::new(opcode, dest_qpn, psn));
+    if pos.starts() {
+        h.reth = reth.map(|(va, rkey)| RethRepr {
+            va,
+            rkey,
+            dma_len: w.len,
+        });
+    }
+    if pos.ends() {
+        match w.op {
+            WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. } => {
+                h.immdt = Some(imm)
+            }
+            WrOpcode::SendWithInv { rkey } => h.ieth = Some(rkey),
+            _ => {}
+        }
+        h.bth.se =
+            w.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || h.immdt.is_some());
+    }
+    let ack_req = pos.ends() || force_ack;
+    h.bth.ack_req = ack_req;
+    let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
+    let n = emit_sealed(&h, plen, icrc, buf, |dst| {
+        if w.use_inline {
+            let s = off as usize;
+            dst.copy_from_slice(&w.inline[s..s + plen]);
+            return Ok(());
+        }
+        let ok = w.sges.for_each_piece(off, plen, |sge, soff, doff, n| {
+            mem.read(
+                actx,
+                sge.lkey,
+                sge.addr.wrapping_add(soff),
+                &mut dst[doff..doff + n],
+                Access::NONE,
+            )
+        });
+        match ok {
+            Ok(true) => Ok(()),
+            _ => Err(WcStatus::LocProtErr),
+        }
+    })?;
+    Ok((n, ack_req, 1))
+}
+
+/// Emit headers, let `fill` write `plen` payload bytes behind them, then pad and seal.
+pub(crate) fn emit_sealed(
+    h: &HeaderRepr,
+    plen: usize,
+    icrc: &IcrcContext,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> Result<(), WcStatus>,
+) -> Result<usize, WcStatus> {
+    let mut h = *h;
+    h.bth.pad_cnt = pad_for(plen);
+    let hl = h.emit(buf).map_err(|_| WcStatus::LocLenErr)?;
+    if buf.len() < hl + plen {
+        return Err(WcStatus::LocLenErr);
+    }
+    fill(&mut buf[hl..hl + plen])?;
+    seal(icrc, buf, hl, plen).map_err(|_| WcStatus::LocLenErr)
+}

@@ -1,0 +1,775 @@
+//! The responder: executes requests in PSN order and answers them (rxe's `rxe_resp.c`).
+//!
+//! Receive consumption (own RQ or SRQ), placement through [`MemoryAccess`] with all its
+//! checks, READ responses, atomics executed once with a replay cache, duplicate detection
+//! and re-ACK, NAKs (PSN sequence error, invalid request, remote access error, remote
+//! operational error), RNR NAKs (no receive posted, or a suspended target region), ACK
+//! coalescing and the MSN. Answers are queued in PSN order and sent by [`RecvSide::poll_response`].
+
+use std::collections::VecDeque;
+
+use super::atomic_cache::AtomicCache;
+use super::requester::{emit_sealed, packets_for};
+use super::rq::{RecvQueue, RecvWqe, Srq};
+use super::wr::{WcOpcode, WcStatus, WorkCompletion};
+use crate::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, OpKind, Opcode, Packet,
+    Position, Psn, Syndrome,
+};
+
+/// Credit count rxe puts in every ACK: "invalid", end-to-end credits not used.
+const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
+
+/// A queued answer.
+#[derive(Clone, Copy, Debug)]
+enum Response {
+    /// ACK, NAK or RNR NAK.
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    /// A READ response stream in progress.
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        remaining: u32,
+        started: bool,
+        msn: u32,
+    },
+    /// An atomic acknowledgement.
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// The message being received.
+#[derive(Clone, Copy, Debug)]
+enum InMsg {
+    Idle,
+    Send {
+        wqe: RecvWqe,
+        offset: u32,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        len: u32,
+        offset: u32,
+    },
+}
+
+/// Counters the responder keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespCounters {
+    /// Duplicate requests seen.
+    pub duplicates: u64,
+    /// NAK-sequence errors sent.
+    pub seq_naks_sent: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// Other NAKs sent.
+    pub naks_sent: u64,
+    /// Atomics answered from the replay cache.
+    pub atomic_replays: u64,
+}
+
+/// A READ could not be served and was NAKed: the QP must enter the error state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fatal;
+
+/// What handling a request led to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RespOutcome {
+    /// Carry on.
+    Ok,
+    /// A fatal error was NAKed: the QP must enter the error state.
+    Fatal,
+}
+
+/// Responder state of one QP.
+#[derive(Debug)]
+pub struct RecvSide {
+    /// The QP's own receive queue.
+    pub rq: RecvQueue,
+    /// The SRQ the QP takes receives from, if any.
+    pub srq_id: Option<u32>,
+    /// Expected PSN.
+    pub epsn: Psn,
+    /// Message sequence number.
+    pub msn: u32,
+    nak_seq_sent: bool,
+    msg: InMsg,
+    resp: VecDeque<Response>,
+    resp_cap: usize,
+    rd_atomic_queued: usize,
+    cache: AtomicCache,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// Remote rights granted.
+    pub access: Access,
+    /// RNR timer code sent in RNR NAKs.
+    pub min_rnr_timer: u8,
+    /// READ/atomic requests accepted at once.
+    pub max_dest_rd_atomic: u8,
+    /// Peer QPN.
+    pub dest_qpn: u32,
+}
+
+fn map_err(e: AccessError) -> Option<NakCode> {
+    match e {
+        AccessError::Suspended(_) => None,
+        AccessError::Misaligned(_) => Some(NakCode::InvalidRequest),
+        AccessError::Fault(_) => Some(NakCode::RemoteOperationalError),
+        _ => Some(NakCode::RemoteAccessError),
+    }
+}
+
+impl RecvSide {
+    /// Responder state with an RQ of `max_recv_wr` entries (unused with an SRQ).
+    pub fn new(max_recv_wr: usize, max_sge: usize, srq_id: Option<u32>) -> RecvSide {
+        let cap = 2 * usize::from(super::qp_state::MAX_RD_ATOMIC) + 4;
+        RecvSide {
+            rq: RecvQueue::new(if srq_id.is_some() { 0 } else { max_recv_wr }, max_sge),
+            srq_id,
+            epsn: Psn::new(0),
+            msn: 0,
+            nak_seq_sent: false,
+            msg: InMsg::Idle,
+            resp: VecDeque::with_capacity(cap),
+            resp_cap: cap,
+            rd_atomic_queued: 0,
+            cache: AtomicCache::new(usize::from(super::qp_state::MAX_RD_ATOMIC)),
+            mtu: 1024,
+            access: Access::NONE,
+            min_rnr_timer: 12,
+            max_dest_rd_atomic: 1,
+            dest_qpn: 0,
+        }
+    }
+
+    /// Forget everything (QP reset).
+    pub fn reset(&mut self) {
+        self.rq.clear();
+        self.resp.clear();
+        self.rd_atomic_queued = 0;
+        self.cache.clear();
+        self.msg = InMsg::Idle;
+        self.nak_seq_sent = false;
+        self.msn = 0;
+    }
+
+    /// The QP entered the error state: keep only NAKs still to be sent.
+    pub fn enter_error(&mut self) {
+        self.resp.retain(|r| {
+            matches!(
+                r,
+                Response::Ack {
+                    syndrome: Syndrome::Nak(_),
+                    ..
+                }
+            )
+        });
+        self.rd_atomic_queued = 0;
+        self.msg = InMsg::Idle;
+    }
+
+    /// True when answers wait to be sent.
+    pub fn has_response(&self) -> bool {
+        !self.resp.is_empty()
+    }
+
+    fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
+        let msn = self.msn;
+        // Coalesce: a newer ACK replaces an unsent one at the back of the queue.
+        if let Some(Response::Ack {
+            syndrome: NO_CREDITS,
+            ..
+        }) = self.resp.back()
+            && syndrome == NO_CREDITS
+        {
+            self.resp.pop_back();
+        }
+        if self.resp.len() < self.resp_cap {
+            self.resp.push_back(Response::Ack { psn, syndrome, msn });
+        }
+    }
+
+    fn nak(&mut self, psn: Psn, code: NakCode, c: &mut RespCounters) -> RespOutcome {
+        c.naks_sent += 1;
+        self.resp.clear();
+        self.rd_atomic_queued = 0;
+        self.push_ack(psn, Syndrome::Nak(code));
+        RespOutcome::Fatal
+    }
+
+    fn rnr(&mut self, psn: Psn, c: &mut RespCounters) -> RespOutcome {
+        c.rnr_naks_sent += 1;
+        // The packets behind this one are out of sequence until it is resent: no NAK-sequence
+        // for them (the requester goes back on the RNR NAK anyway).
+        self.nak_seq_sent = true;
+        self.push_ack(
+            psn,
+            Syndrome::RnrNak {
+                timer: self.min_rnr_timer,
+            },
+        );
+        RespOutcome::Ok
+    }
+
+    fn recv_wc(
+        &self,
+        qpn: u32,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm_data: None,
+            invalidated_rkey: None,
+            qp_num: qpn,
+            src_qp: self.dest_qpn,
+        }
+    }
+
+    fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
+        match (self.srq_id, srq) {
+            (None, _) => self.rq.pop(),
+            (Some(id), Some(s)) if s.id() == id => s.queue().pop(),
+            _ => None,
+        }
+    }
+
+    fn give_back(&mut self, w: RecvWqe, srq: Option<&mut Srq>) {
+        match (self.srq_id, srq) {
+            (None, _) => self.rq.unpop(w),
+            (Some(_), Some(s)) => s.queue().unpop(w),
+            _ => {}
+        }
+    }
+
+    /// Handle a request packet addressed to this QP.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_request(
+        &mut self,
+        pkt: &Packet<'_>,
+        kind: OpKind,
+        pos: Position,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+        cq: &mut VecDeque<WorkCompletion>,
+        cq_cap: usize,
+        c: &mut RespCounters,
+    ) -> RespOutcome {
+        let psn = pkt.hdr.bth.psn;
+        let d = psn.diff(self.epsn);
+        if d > 0 {
+            if !self.nak_seq_sent {
+                self.nak_seq_sent = true;
+                c.seq_naks_sent += 1;
+                let e = self.epsn;
+                self.push_ack(e, Syndrome::Nak(NakCode::PsnSequenceError));
+            }
+            return RespOutcome::Ok;
+        }
+        if d < 0 {
+            self.duplicate(pkt, kind, actx, mem, c);
+            return RespOutcome::Ok;
+        }
+        self.nak_seq_sent = false;
+        // Opcode sequence: Middle/Last only inside a message of the same kind.
+        let in_seq = match (self.msg, pos) {
+            (InMsg::Idle, Position::First | Position::Only) => true,
+            (InMsg::Send { .. }, Position::Middle | Position::Last) => kind == OpKind::Send,
+            (InMsg::Write { .. }, Position::Middle | Position::Last) => kind == OpKind::Write,
+            _ => false,
+        };
+        let mtu = self.mtu as usize;
+        let len_ok = match pos {
+            Position::First | Position::Middle => pkt.payload.len() == mtu,
+            _ => pkt.payload.len() <= mtu,
+        };
+        if !in_seq || !len_ok {
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        }
+        match kind {
+            OpKind::Send => self.do_send(pkt, pos, actx, mem, srq, cq, cq_cap, c),
+            OpKind::Write => self.do_write(pkt, pos, actx, mem, srq, cq, cq_cap, c),
+            OpKind::ReadRequest => self.do_read(pkt, actx, mem, c),
+            OpKind::CompareSwap | OpKind::FetchAdd => self.do_atomic(pkt, kind, actx, mem, c),
+            // FLUSH and ATOMIC WRITE (IBTA 1.5) are not supported.
+            _ => self.nak(psn, NakCode::InvalidRequest, c),
+        }
+    }
+
+    fn finish_packet(&mut self, pkt: &Packet<'_>) {
+        let psn = pkt.hdr.bth.psn;
+        self.epsn = psn.add(1);
+        if pkt.hdr.bth.ack_req {
+            self.push_ack(psn, NO_CREDITS);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn do_send(
+        &mut self,
+        pkt: &Packet<'_>,
+        pos: Position,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        mut srq: Option<&mut Srq>,
+        cq: &mut VecDeque<WorkCompletion>,
+        cq_cap: usize,
+        c: &mut RespCounters,
+    ) -> RespOutcome {
+        let psn = pkt.hdr.bth.psn;
+        let (wqe, offset) = match self.msg {
+            InMsg::Send { wqe, offset } => (wqe, offset),
+            _ => {
+                if cq.len() >= cq_cap {
+                    return self.rnr(psn, c);
+                }
+                match self.take_recv(srq.as_deref_mut()) {
+                    Some(w) => (w, 0),
+                    None => return self.rnr(psn, c),
+                }
+            }
+        };
+        let qpn = actx.qpn;
+        let end = u64::from(offset) + pkt.payload.len() as u64;
+        if end > wqe.sges.total_len() {
+            cq.push_back(self.recv_wc(
+                qpn,
+                wqe.wr_id,
+                WcStatus::LocLenErr,
+                WcOpcode::Recv,
+                end as u32,
+            ));
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        }
+        let r =
+            wqe.sges
+                .for_each_piece(u64::from(offset), pkt.payload.len(), |s, soff, doff, n| {
+                    mem.write(
+                        actx,
+                        s.lkey,
+                        s.addr.wrapping_add(soff),
+                        &pkt.payload[doff..doff + n],
+                        Access::LOCAL_WRITE,
+                    )
+                });
+        if let Err(e) = r {
+            if matches!(e, AccessError::Suspended(_)) && offset == 0 {
+                self.give_back(wqe, srq);
+                return self.rnr(psn, c);
+            }
+            cq.push_back(self.recv_wc(
+                qpn,
+                wqe.wr_id,
+                WcStatus::LocProtErr,
+                WcOpcode::Recv,
+                end as u32,
+            ));
+            return self.nak(psn, NakCode::RemoteOperationalError, c);
+        }
+        if pos.ends() {
+            let mut wc = self.recv_wc(
+                qpn,
+                wqe.wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                end as u32,
+            );
+            wc.imm_data = pkt.hdr.immdt;
+            if let Some(rkey) = pkt.hdr.ieth {
+                if mem.invalidate(actx, rkey).is_err() {
+                    wc.status = WcStatus::LocProtErr;
+                    cq.push_back(wc);
+                    return self.nak(psn, NakCode::InvalidRequest, c);
+                }
+                wc.invalidated_rkey = Some(rkey);
+            }
+            cq.push_back(wc);
+            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.msg = InMsg::Idle;
+        } else {
+            self.msg = InMsg::Send {
+                wqe,
+                offset: end as u32,
+            };
+        }
+        self.finish_packet(pkt);
+        RespOutcome::Ok
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn do_write(
+        &mut self,
+        pkt: &Packet<'_>,
+        pos: Position,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+        cq: &mut VecDeque<WorkCompletion>,
+        cq_cap: usize,
+        c: &mut RespCounters,
+    ) -> RespOutcome {
+        let psn = pkt.hdr.bth.psn;
+        let (va, rkey, len, offset) = match self.msg {
+            InMsg::Write {
+                va,
+                rkey,
+                len,
+                offset,
+            } => (va, rkey, len, offset),
+            _ => {
+                let Some(reth) = pkt.hdr.reth else {
+                    return self.nak(psn, NakCode::InvalidRequest, c);
+                };
+                if !self.access.contains(Access::REMOTE_WRITE) {
+                    return self.nak(psn, NakCode::RemoteAccessError, c);
+                }
+                let bad_len = match pos {
+                    Position::Only => reth.dma_len as usize != pkt.payload.len(),
+                    _ => reth.dma_len <= self.mtu,
+                };
+                if bad_len {
+                    return self.nak(psn, NakCode::InvalidRequest, c);
+                }
+                if reth.dma_len > 0
+                    && let Err(e) = mem.check(
+                        actx,
+                        reth.rkey,
+                        reth.va,
+                        u64::from(reth.dma_len),
+                        Access::REMOTE_WRITE,
+                    )
+                {
+                    return match map_err(e) {
+                        None => self.rnr(psn, c),
+                        Some(code) => self.nak(psn, code, c),
+                    };
+                }
+                (reth.va, reth.rkey, reth.dma_len, 0)
+            }
+        };
+        let end = offset as usize + pkt.payload.len();
+        if end > len as usize || (pos.ends() && end != len as usize) {
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        }
+        let imm = pos.ends() && pkt.hdr.immdt.is_some();
+        if imm && cq.len() >= cq_cap {
+            return self.rnr(psn, c);
+        }
+        if !pkt.payload.is_empty()
+            && let Err(e) = mem.write(
+                actx,
+                rkey,
+                va.wrapping_add(u64::from(offset)),
+                pkt.payload,
+                Access::REMOTE_WRITE,
+            )
+        {
+            return match map_err(e) {
+                None => self.rnr(psn, c),
+                Some(code) => self.nak(psn, code, c),
+            };
+        }
+        if pos.ends() {
+            if imm {
+                // The receive is consumed only now; without one the Last packet is RNR NAKed
+                // and its (idempotent) placement repeated on the retry.
+                let Some(wqe) = self.take_recv(srq) else {
+                    return self.rnr(psn, c);
+                };
+                let mut wc = self.recv_wc(
+                    actx.qpn,
+                    wqe.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    len,
+                );
+                wc.imm_data = pkt.hdr.immdt;
+                cq.push_back(wc);
+            }
+            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.msg = InMsg::Idle;
+        } else {
+            self.msg = InMsg::Write {
+                va,
+                rkey,
+                len,
+                offset: end as u32,
+            };
+        }
+        self.finish_packet(pkt);
+        RespOutcome::Ok
+    }
+
+    fn rd_atomic_room(&self) -> bool {
+        self.rd_atomic_queued < usize::from(self.max_dest_rd_atomic.max(1))
+            && self.resp.len() < self.resp_cap
+    }
+
+    fn do_read(
+        &mut self,
+        pkt: &Packet<'_>,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        c: &mut RespCounters,
+    ) -> RespOutcome {
+        let psn = pkt.hdr.bth.psn;
+        let Some(reth) = pkt.hdr.reth else {
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        };
+        if !self.access.contains(Access::REMOTE_READ) {
+            return self.nak(psn, NakCode::RemoteAccessError, c);
+        }
+        if u64::from(reth.dma_len) > super::MAX_MSG_SIZE || !self.rd_atomic_room() {
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        }
+        if reth.dma_len > 0
+            && let Err(e) = mem.check(
+                actx,
+                reth.rkey,
+                reth.va,
+                u64::from(reth.dma_len),
+                Access::REMOTE_READ,
+            )
+        {
+            return match map_err(e) {
+                None => self.rnr(psn, c),
+                Some(code) => self.nak(psn, code, c),
+            };
+        }
+        self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+        let msn = self.msn;
+        self.resp.push_back(Response::Read {
+            psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: reth.dma_len,
+            started: false,
+            msn,
+        });
+        self.rd_atomic_queued += 1;
+        self.epsn = psn.add(packets_for(u64::from(reth.dma_len), self.mtu));
+        RespOutcome::Ok
+    }
+
+    fn do_atomic(
+        &mut self,
+        pkt: &Packet<'_>,
+        kind: OpKind,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        c: &mut RespCounters,
+    ) -> RespOutcome {
+        let psn = pkt.hdr.bth.psn;
+        let Some(a) = pkt.hdr.atomic_eth else {
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        };
+        if !self.access.contains(Access::REMOTE_ATOMIC) {
+            return self.nak(psn, NakCode::RemoteAccessError, c);
+        }
+        if !self.rd_atomic_room() {
+            return self.nak(psn, NakCode::InvalidRequest, c);
+        }
+        let op = if kind == OpKind::CompareSwap {
+            AtomicOp::CompareSwap {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
+        } else {
+            AtomicOp::FetchAdd { add: a.swap_add }
+        };
+        match mem.atomic(actx, a.rkey, a.va, op) {
+            Ok(orig) => {
+                self.cache.insert(psn, orig);
+                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+                let msn = self.msn;
+                self.resp.push_back(Response::Atomic { psn, orig, msn });
+                self.rd_atomic_queued += 1;
+                self.epsn = psn.add(1);
+                RespOutcome::Ok
+            }
+            Err(e) => match map_err(e) {
+                None => self.rnr(psn, c),
+                Some(code) => self.nak(psn, code, c),
+            },
+        }
+    }
+
+    fn duplicate(
+        &mut self,
+        pkt: &Packet<'_>,
+        kind: OpKind,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        c: &mut RespCounters,
+    ) {
+        c.duplicates += 1;
+        let psn = pkt.hdr.bth.psn;
+        match kind {
+            OpKind::Send | OpKind::Write if pkt.hdr.bth.ack_req => {
+                let last = self.epsn.sub(1);
+                self.push_ack(last, NO_CREDITS);
+            }
+            OpKind::ReadRequest => {
+                // READ is executed again: the data is re-read.
+                let Some(reth) = pkt.hdr.reth else { return };
+                if !self.rd_atomic_room() || !self.access.contains(Access::REMOTE_READ) {
+                    return;
+                }
+                if reth.dma_len > 0
+                    && mem
+                        .check(
+                            actx,
+                            reth.rkey,
+                            reth.va,
+                            u64::from(reth.dma_len),
+                            Access::REMOTE_READ,
+                        )
+                        .is_err()
+                {
+                    return;
+                }
+                let msn = self.msn;
+                self.resp.push_back(Response::Read {
+                    psn,
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    remaining: reth.dma_len,
+                    started: false,
+                    msn,
+                });
+                self.rd_atomic_queued += 1;
+            }
+            OpKind::CompareSwap | OpKind::FetchAdd => {
+                // Never executed twice: answered from the replay cache, or dropped.
+                if let Some(orig) = self.cache.get(psn)
+                    && self.rd_atomic_room()
+                {
+                    c.atomic_replays += 1;
+                    let msn = self.msn;
+                    self.resp.push_back(Response::Atomic { psn, orig, msn });
+                    self.rd_atomic_queued += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Emit the next queued answer into `buf`. `Err(Fatal)` when a READ could not be served and
+    /// was NAKed (the QP must enter the error state).
+    pub fn poll_response(
+        &mut self,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        icrc: &IcrcContext,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, Fatal> {
+        let Some(front) = self.resp.front_mut() else {
+            return Ok(None);
+        };
+        let dest = self.dest_qpn;
+        match *front {
+            Response::Ack { psn, syndrome, msn } => {
+                let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
+                h.aeth = Some(AethRepr { syndrome, msn });
+                self.resp.pop_front();
+                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
+            }
+            Response::Atomic { psn, orig, msn } => {
+                let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, psn));
+                h.aeth = Some(AethRepr {
+                    syndrome: NO_CREDITS,
+                    msn,
+                });
+                h.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                self.resp.pop_front();
+                self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
+            }
+            Response::Read {
+                psn,
+                va,
+                rkey,
+                remaining,
+                started,
+                msn,
+            } => {
+                let plen = remaining.min(self.mtu);
+                let last = plen == remaining;
+                let opcode = match (started, last) {
+                    (false, true) => Opcode::RC_READ_RESPONSE_ONLY,
+                    (false, false) => Opcode::RC_READ_RESPONSE_FIRST,
+                    (true, true) => Opcode::RC_READ_RESPONSE_LAST,
+                    (true, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+                };
+                let mut h = HeaderRepr::new(BthRepr::new(opcode, dest, psn));
+                if !started || last {
+                    h.aeth = Some(AethRepr {
+                        syndrome: NO_CREDITS,
+                        msn,
+                    });
+                }
+                let mut failed = None;
+                let r = emit_sealed(&h, plen as usize, icrc, buf, |dst| {
+                    if dst.is_empty() {
+                        return Ok(());
+                    }
+                    mem.read(actx, rkey, va, dst, Access::REMOTE_READ)
+                        .map_err(|e| {
+                            failed = Some(e);
+                            WcStatus::RemAccessErr
+                        })
+                });
+                match (r, failed) {
+                    (Ok(n), _) => {
+                        if last {
+                            self.resp.pop_front();
+                            self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                        } else if let Some(Response::Read {
+                            psn,
+                            va,
+                            remaining,
+                            started,
+                            ..
+                        }) = self.resp.front_mut()
+                        {
+                            *psn = psn.add(1);
+                            *va = va.wrapping_add(u64::from(plen));
+                            *remaining -= plen;
+                            *started = true;
+                        }
+                        Ok(Some(n))
+                    }
+                    (Err(_), Some(AccessError::Suspended(_))) => {
+                        // Stop the stream; the requester times out and asks again.
+                        self.resp.pop_front();
+                        self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                        Ok(None)
+                    }
+                    (Err(_), Some(e)) => {
+                        let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
+                        self.resp.clear();
+                        self.rd_atomic_queued = 0;
+                        self.push_ack(psn, Syndrome::Nak(code));
+                        Err(Fatal)
+                    }
+                    (Err(_), None) => {
+                        self.resp.pop_front();
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Receive queues: the QP's own bounded receive queue and the shared receive queue ([`Srq`])
+//! that several QPs' responders consume from.
+
+use std::collections::VecDeque;
+
+use super::PostError;
+use super::wr::{RecvWr, SgList};
+
+/// A posted receive.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvWqe {
+    /// Caller's identifier.
+    pub wr_id: u64,
+    /// Where the payload goes.
+    pub sges: SgList,
+}
+
+/// A bounded FIFO of receive WQEs (the storage of an RQ or an SRQ).
+#[derive(Debug)]
+pub struct RecvQueue {
+    q: VecDeque<RecvWqe>,
+    max_wr: usize,
+    max_sge: usize,
+}
+
+impl RecvQueue {
+    /// Room for `max_wr` WQEs of at most `max_sge` entries; allocates once.
+    pub fn new(max_wr: usize, max_sge: usize) -> RecvQueue {
+        RecvQueue {
+            q: VecDeque::with_capacity(max_wr),
+            max_wr,
+            max_sge,
+        }
+    }
+    /// Post a receive.
+    pub fn post(&mut self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        if wr.sg_list.len() > self.max_sge {
+            return Err(PostError::TooManySge(wr.sg_list.len()));
+        }
+        if self.q.len() >= self.max_wr {
+            return Err(PostError::QueueFull);
+        }
+        let sges = SgList::from_slice(wr.sg_list).ok_or(PostError::TooManySge(wr.sg_list.len()))?;
+        self.q.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges,
+        });
+        Ok(())
+    }
+    /// Take the oldest WQE.
+    pub fn pop(&mut self) -> Option<RecvWqe> {
+        self.q.pop_front()
+    }
+    /// Give a WQE back to the head (its message could not start after all).
+    pub fn unpop(&mut self, w: RecvWqe) {
+        if self.q.len() < self.max_wr {
+            self.q.push_front(w);
+        }
+    }
+    /// Number of posted WQEs.
+    pub fn len(&self) -> usize {
+        self.q.len()
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.q.is_empty()
+    }
+    /// Drop everything.
+    pub fn clear(&mut self) {
+        self.q.clear();
+    }
+}
+
+/// A shared receive queue (`ibv_srq`). The caller owns it and lends it to the QPs created
+/// with its id on each [`crate::rc::Qp::handle_packet`]; a QP ignores an SRQ with another id.
+#[derive(Debug)]
+pub struct Srq {
+    id: u32,
+    rq: RecvQueue,
+}
+
+impl Srq {
+    /// An SRQ with this id and room for `max_wr` WQEs of at most `max_sge` entries.
+    pub fn new(id: u32, max_wr: usize, max_sge: usize) -> Srq {
+        Srq {
+            id,
+            rq: RecvQueue::new(max_wr, max_sge.min(super::MAX_SGE)),
+        }
+    }
+    /// The id QPs refer to.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// `ibv_post_srq_recv`.
+    pub fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        self.rq.post(wr)
+    }
+    /// Posted receives not yet consumed.
+    pub fn len(&self) -> usize {
+        self.rq.len()
+    }
+    /// True when no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.rq.is_empty()
+    }
+    pub(crate) fn queue(&mut self) -> &mut RecvQueue {
+        &mut self.rq
+    }
+}

@@ -1,0 +1,251 @@
+//! The send queue and the state the requester and the completer share.
+//!
+//! WQEs live in a ring allocated at QP creation (inline-data buffers included), indexed by
+//! a monotonically increasing sequence number: `head` is the oldest WQE not yet completed,
+//! `tail` the next free slot. The requester walks forward from `req_seq`; the completer
+//! retires from `head`. Retransmission rewinds `req_seq` (go-back-N) and packets are rebuilt
+//! from memory, as rxe does, so no packet is ever stored.
+
+use super::wr::{SendFlags, SgList, WcStatus, WrOpcode};
+use crate::wire::Psn;
+
+/// One send work queue entry.
+#[derive(Clone, Debug)]
+pub struct SendWqe {
+    /// Caller's identifier.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: WrOpcode,
+    /// Flags.
+    pub flags: SendFlags,
+    /// Local buffers.
+    pub sges: SgList,
+    /// Inline payload storage (capacity `max_inline_data`, allocated once).
+    pub inline: Vec<u8>,
+    /// Whether the payload is `inline`.
+    pub use_inline: bool,
+    /// Message length in bytes.
+    pub len: u32,
+    /// First PSN (valid once `psn_assigned`).
+    pub first_psn: Psn,
+    /// PSNs the message occupies (0 for local operations).
+    pub npkts: u32,
+    /// Whether the requester has started it (PSNs assigned, SGEs checked).
+    pub psn_assigned: bool,
+    /// Set when the WQE is finished; completed (and retired) when it reaches the head.
+    pub done: Option<WcStatus>,
+    /// Whether a successful completion is reported.
+    pub signaled: bool,
+}
+
+impl SendWqe {
+    fn empty(inline_cap: usize) -> SendWqe {
+        SendWqe {
+            wr_id: 0,
+            op: WrOpcode::Send,
+            flags: SendFlags::NONE,
+            sges: SgList::default(),
+            inline: Vec::with_capacity(inline_cap),
+            use_inline: false,
+            len: 0,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            psn_assigned: false,
+            done: None,
+            signaled: false,
+        }
+    }
+    /// Last PSN of the message.
+    pub fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.saturating_sub(1))
+    }
+    /// True when `p` is one of its PSNs.
+    pub fn holds(&self, p: Psn) -> bool {
+        self.psn_assigned
+            && self.npkts > 0
+            && p.diff(self.first_psn) >= 0
+            && p.diff(self.last_psn()) <= 0
+    }
+}
+
+/// The ring of send WQEs.
+#[derive(Debug)]
+pub struct SendQueue {
+    slots: Vec<SendWqe>,
+    /// Oldest WQE not yet retired.
+    pub head: u64,
+    /// Next sequence number to post.
+    pub tail: u64,
+}
+
+impl SendQueue {
+    /// A ring of `depth` WQEs with `inline_cap` bytes of inline storage each.
+    pub fn new(depth: usize, inline_cap: usize) -> SendQueue {
+        SendQueue {
+            slots: (0..depth.max(1))
+                .map(|_| SendWqe::empty(inline_cap))
+                .collect(),
+            head: 0,
+            tail: 0,
+        }
+    }
+    /// WQEs posted and not retired.
+    pub fn len(&self) -> usize {
+        (self.tail - self.head) as usize
+    }
+    /// True when no WQE is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.tail == self.head
+    }
+    /// True when posting would overflow.
+    pub fn is_full(&self) -> bool {
+        self.len() >= self.slots.len()
+    }
+    /// The WQE with sequence number `seq` (must be in `head..tail`).
+    pub fn get(&self, seq: u64) -> &SendWqe {
+        &self.slots[(seq % self.slots.len() as u64) as usize]
+    }
+    /// Mutable access.
+    pub fn get_mut(&mut self, seq: u64) -> &mut SendWqe {
+        let n = self.slots.len() as u64;
+        &mut self.slots[(seq % n) as usize]
+    }
+    /// Claim the next slot (the caller checked `is_full`), reset for a new WQE.
+    pub fn push(&mut self) -> &mut SendWqe {
+        let seq = self.tail;
+        self.tail += 1;
+        let w = self.get_mut(seq);
+        w.inline.clear();
+        w.use_inline = false;
+        w.psn_assigned = false;
+        w.done = None;
+        w.npkts = 0;
+        w
+    }
+    /// Retire the head WQE.
+    pub fn pop(&mut self) {
+        if self.head < self.tail {
+            self.head += 1;
+        }
+    }
+    /// Drop everything (QP reset).
+    pub fn clear(&mut self) {
+        self.head = self.tail;
+    }
+}
+
+/// Requester and completer state of one QP.
+#[derive(Debug)]
+pub struct SendSide {
+    /// The WQEs.
+    pub sq: SendQueue,
+    // --- requester ---
+    /// The WQE the requester works on.
+    pub req_seq: u64,
+    /// Next packet index within it.
+    pub req_pkt: u32,
+    /// PSN the next new WQE gets.
+    pub next_psn: Psn,
+    /// One past the highest PSN ever sent.
+    pub sent_end: Psn,
+    /// Packets sent since the last AckReq.
+    pub noack: u32,
+    /// Set when a WQE failed locally: start nothing more.
+    pub halted: bool,
+    // --- completer ---
+    /// Oldest PSN not yet acknowledged.
+    pub comp_psn: Psn,
+    /// Transport retries left.
+    pub retry_left: u8,
+    /// RNR retries left (7 = forever).
+    pub rnr_left: u8,
+    /// When the retransmission timer fires.
+    pub retrans_deadline: Option<u64>,
+    /// While set, the requester waits out an RNR back-off.
+    pub rnr_deadline: Option<u64>,
+    /// A go-back-N started by a NAK or a response gap is under way: further gaps and NAKs
+    /// of the same round are not counted again (cleared by progress or a timeout).
+    pub retry_pending: bool,
+    // --- attributes ---
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// ACK timeout (`None`: infinite).
+    pub timeout_ns: Option<u64>,
+    /// `retry_cnt`.
+    pub retry_cnt: u8,
+    /// `rnr_retry`.
+    pub rnr_retry: u8,
+    /// `max_rd_atomic`.
+    pub max_rd_atomic: u8,
+    /// Peer QPN.
+    pub dest_qpn: u32,
+}
+
+impl SendSide {
+    /// Requester/completer state with a ring of `depth` WQEs.
+    pub fn new(depth: usize, inline_cap: usize) -> SendSide {
+        SendSide {
+            sq: SendQueue::new(depth, inline_cap),
+            req_seq: 0,
+            req_pkt: 0,
+            next_psn: Psn::new(0),
+            sent_end: Psn::new(0),
+            noack: 0,
+            halted: false,
+            comp_psn: Psn::new(0),
+            retry_left: 7,
+            rnr_left: 7,
+            retrans_deadline: None,
+            rnr_deadline: None,
+            retry_pending: false,
+            mtu: 1024,
+            timeout_ns: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            dest_qpn: 0,
+        }
+    }
+
+    /// Set the starting PSN (RTR→RTS).
+    pub fn set_sq_psn(&mut self, psn: Psn) {
+        self.next_psn = psn;
+        self.sent_end = psn;
+        self.comp_psn = psn;
+    }
+
+    /// True while sent packets wait for acknowledgement.
+    pub fn outstanding(&self) -> bool {
+        self.comp_psn.is_before(self.sent_end)
+    }
+
+    /// READ/atomic WQEs started and not finished.
+    pub fn rd_atomic_in_flight(&self) -> usize {
+        (self.sq.head..self.req_seq.min(self.sq.tail))
+            .map(|s| self.sq.get(s))
+            .filter(|w| w.op.is_rd_atomic() && w.psn_assigned && w.done.is_none())
+            .count()
+    }
+
+    /// The first WQE (from the head) that is not finished.
+    pub fn first_pending(&self) -> Option<u64> {
+        (self.sq.head..self.sq.tail).find(|&s| self.sq.get(s).done.is_none())
+    }
+
+    /// Go back: make the requester resend from PSN `p` (go-back-N).
+    pub fn rewind(&mut self, p: Psn) {
+        let end = self.req_seq.min(self.sq.tail.saturating_sub(1));
+        for s in self.sq.head..=end.max(self.sq.head) {
+            if s >= self.sq.tail {
+                break;
+            }
+            let w = self.sq.get(s);
+            if w.done.is_none() && w.holds(p) {
+                self.req_seq = s;
+                self.req_pkt = p.diff(w.first_psn) as u32;
+                self.noack = 0;
+                return;
+            }
+        }
+    }
+}

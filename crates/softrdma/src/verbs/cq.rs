@@ -1,0 +1,99 @@
+//! Completion queues and channels.
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Device, VerbsError, WorkCompletion};
+use crate::net::{ChannelCore, CqCore, PollMode};
+
+/// A completion channel (`ibv_comp_channel`): its file descriptor becomes readable when an
+/// armed CQ gets a completion; usable with poll, epoll and async reactors.
+#[derive(Clone, Debug)]
+pub struct CompChannel {
+    pub(crate) core: Arc<ChannelCore>,
+}
+
+impl CompChannel {
+    /// The file descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.core.raw_fd()
+    }
+
+    /// Wait for the next CQ event (`ibv_get_cq_event`); returns the id of the CQ that fired
+    /// (compare with [`Cq::id`]), or `None` on timeout.
+    pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u64>, VerbsError> {
+        Ok(self.core.get_event(timeout)?)
+    }
+}
+
+/// A placeholder completion to fill arrays with before polling.
+pub const EMPTY_WC: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: super::WcStatus::Success,
+    opcode: super::WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    invalidated_rkey: None,
+    qp_num: 0,
+    src_qp: 0,
+};
+
+/// A completion queue.
+#[derive(Clone, Debug)]
+pub struct Cq {
+    pub(crate) core: Arc<CqCore>,
+    device: Device,
+}
+
+impl Cq {
+    pub(crate) fn new(device: Device, cqe: usize, channel: Option<Arc<ChannelCore>>) -> Cq {
+        Cq {
+            core: Arc::new(CqCore::new(cqe, channel)),
+            device,
+        }
+    }
+
+    /// Identifier reported by a completion channel.
+    pub fn id(&self) -> u64 {
+        self.core.id()
+    }
+
+    /// Move up to `wc.len()` completions into `wc` (`ibv_poll_cq`). In busy-poll mode this
+    /// first receives and processes whatever packets are waiting.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
+        if self.device.engine().mode() == PollMode::BusyPoll {
+            self.device.engine().progress(false);
+        }
+        self.core.poll(wc)
+    }
+
+    /// Poll until `n` completions have arrived or `timeout` passes; returns them.
+    pub fn wait(&self, n: usize, timeout: Duration) -> Vec<WorkCompletion> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut out = Vec::with_capacity(n);
+        let mut buf = [EMPTY_WC; 16];
+        while out.len() < n && std::time::Instant::now() < deadline {
+            let k = self.poll(&mut buf[..(n - out.len()).min(16)]);
+            out.extend_from_slice(&buf[..k]);
+            if k == 0 {
+                if self.device.engine().mode() == PollMode::BusyPoll {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+            }
+        }
+        out
+    }
+
+    /// Arm the CQ: the channel fires on the next completion (`ibv_req_notify_cq`).
+    pub fn req_notify(&self, _solicited_only: bool) {
+        self.core.req_notify();
+    }
+
+    /// True once a completion was lost to a full CQ.
+    pub fn overrun(&self) -> bool {
+        self.core.overrun()
+    }
+}

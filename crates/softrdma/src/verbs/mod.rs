@@ -1,0 +1,42 @@
+//! The verbs API: the InfiniBand verbs as Rust types, in the vocabulary RDMA programmers know.
+//!
+//! ```text
+//! Device::open(cfg)            ibv_open_device (a device is one IP address)
+//!   .alloc_pd()  -> Pd         ibv_alloc_pd
+//!   .create_cq() -> Cq         ibv_create_cq (optionally on a CompChannel)
+//! Pd::reg_mr / reg_raw / ...   ibv_reg_mr (owned buffer, raw address, file range, device memory)
+//! Pd::create_qp  -> Qp         ibv_create_qp (RC)
+//! Pd::create_srq -> Srq        ibv_create_srq
+//! Pd::alloc_mw   -> Mw         ibv_alloc_mw (type 1 or 2)
+//! Qp::modify / post_send / post_recv / bind_mw
+//! Cq::poll / req_notify        ibv_poll_cq / ibv_req_notify_cq
+//! ```
+//!
+//! Lifetimes are enforced by ownership: a QP holds its CQs, SRQ and device alive; dropping a
+//! QP moves it to the error state, flushes its work requests and forgets it. Registered memory
+//! is reached only through keys validated by the memory table, so a region dropped while a
+//! work request still names its key makes that request fail (`LocProtErr` locally,
+//! `RemAccessErr` remotely); it can never touch freed memory.
+
+mod cq;
+mod device;
+mod error;
+mod mr;
+mod qp;
+mod srq;
+
+pub mod connect;
+
+pub use cq::{CompChannel, Cq, EMPTY_WC};
+pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
+pub use error::VerbsError;
+pub use mr::{Mr, Mw, Pd};
+pub use qp::{Qp, QpInitAttr, random_psn};
+pub use srq::Srq;
+
+pub use crate::mem::{Access, MemSource, MwType, PageSize, PinMode};
+pub use crate::net::PollMode;
+pub use crate::rc::{
+    Mtu, QpAttr, QpAttrMask, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
+};

@@ -1,0 +1,109 @@
+//! Two devices in one process, on two loopback addresses, doing RDMA over real UDP sockets.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use softrdma::verbs::*;
+
+struct Side {
+    dev: Device,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+}
+
+fn side(ip: [u8; 4], port: u16, mode: PollMode) -> Side {
+    let mut cfg = DeviceConfig::new(IpAddr::from(ip));
+    cfg.port = port;
+    cfg.mode = mode;
+    cfg.pin_mode = PinMode::OnDemand;
+    let dev = Device::open(cfg).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(256, None).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(&cq)).unwrap();
+    Side { dev, pd, cq, qp }
+}
+
+fn connect(a: &Side, b: &Side) {
+    let (pa, pb) = (random_psn(), random_psn());
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let mut attr = QpAttr {
+        path_mtu: Mtu::Mtu1024,
+        qp_access_flags: all,
+        ..QpAttr::default()
+    };
+    attr.dest_qp_num = b.qp.qp_num();
+    attr.sq_psn = pa;
+    attr.rq_psn = pb;
+    a.qp.connect(b.dev.addr(), &attr).unwrap();
+    attr.dest_qp_num = a.qp.qp_num();
+    attr.sq_psn = pb;
+    attr.rq_psn = pa;
+    b.qp.connect(a.dev.addr(), &attr).unwrap();
+}
+
+fn pair(port: u16, mode: PollMode) -> (Side, Side) {
+    let a = side([127, 0, 0, 1], port, mode);
+    let b = side([127, 0, 0, 2], port, mode);
+    connect(&a, &b);
+    (a, b)
+}
+
+fn one(cq: &Cq) -> WorkCompletion {
+    let v = cq.wait(1, Duration::from_secs(10));
+    assert_eq!(v.len(), 1, "no completion within 10 s");
+    v[0]
+}
+
+#[test]
+fn write_then_send_with_imm_over_udp() {
+    for mode in [PollMode::Blocking, PollMode::BusyPoll] {
+        let port = if mode == PollMode::Blocking {
+            24791
+        } else {
+            24792
+        };
+        let (a, b) = pair(port, mode);
+        let len = 300_000usize;
+        let src: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let smr = a.pd.reg_buffer(src.clone(), Access::LOCAL_WRITE).unwrap();
+        let dmr =
+            b.pd.reg_buffer(vec![0u8; len], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let rbuf = b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+        b.qp.post_recv(&RecvWr {
+            wr_id: 7,
+            sg_list: &[rbuf.sge(0, 64)],
+        })
+        .unwrap();
+        let sge = [smr.sge(0, len as u32)];
+        let wr = SendWr::new(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: dmr.iova(),
+                rkey: dmr.rkey(),
+            },
+        )
+        .sg(&sge);
+        a.qp.post_send(&wr).unwrap();
+        let msg = smr.sge(0, 10);
+        let wr =
+            SendWr::new(2, WrOpcode::SendWithImm { imm: 0xabcd }).sg(std::slice::from_ref(&msg));
+        a.qp.post_send(&wr).unwrap();
+        let w1 = one(&a.cq);
+        let w2 = one(&a.cq);
+        assert_eq!((w1.wr_id, w1.status), (1, WcStatus::Success));
+        assert_eq!((w2.wr_id, w2.status), (2, WcStatus::Success));
+        let r = one(&b.cq);
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len, r.imm_data),
+            (7, WcStatus::Success, 10, Some(0xabcd))
+        );
+        // The receive completion guarantees the earlier WRITE is placed.
+        assert_eq!(dmr.to_vec().unwrap(), src);
+        let c = a.dev.counters();
+        println!("{mode:?}: {:?}", c);
+        assert_eq!(c.rx_bad.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+}
