@@ -142,6 +142,7 @@ pub struct Engine {
     rx: Mutex<RxState>,
     epoch: Instant,
     mode: PollMode,
+    gso: bool,
     stop: AtomicBool,
     /// Counters.
     pub counters: EngineCounters,
@@ -157,7 +158,7 @@ const RX_BATCH: usize = 32;
 
 impl Engine {
     /// An engine on a bound port.
-    pub fn new(port: UdpPort, mem: Arc<MemoryTable>, mode: PollMode) -> io::Result<Engine> {
+    pub fn new(port: UdpPort, mem: Arc<MemoryTable>, mode: PollMode, gso: bool) -> io::Result<Engine> {
         port.set_nonblocking(true)?;
         let local_ip = port.local_addr().ip();
         Ok(Engine {
@@ -171,6 +172,7 @@ impl Engine {
             }),
             epoch: Instant::now(),
             mode,
+            gso,
             stop: AtomicBool::new(false),
             counters: EngineCounters::default(),
         })
@@ -216,6 +218,7 @@ impl Engine {
 
     /// Register a QP for demultiplexing.
     pub fn add_qp(&self, cell: Arc<QpCell>) {
+        cell.lock().tx.set_gso(self.gso);
         self.qps
             .write()
             .unwrap_or_else(|e| e.into_inner())

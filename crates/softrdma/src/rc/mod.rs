@@ -30,6 +30,7 @@ pub mod qp;
 pub mod qp_state;
 pub mod requester;
 pub mod responder;
+pub mod response;
 pub mod rq;
 pub mod sq;
 pub mod timer;

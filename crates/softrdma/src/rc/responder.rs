@@ -1,4 +1,5 @@
-//! The responder: executes requests in PSN order and answers them (rxe's `rxe_resp.c`).
+//! The responder: executes requests in PSN order and answers them (rxe's `rxe_resp.c`);
+//! the answers are emitted by [`super::response`].
 //!
 //! Receive consumption (own RQ or SRQ), placement through [`MemoryAccess`] with all its
 //! checks, READ responses, atomics executed once with a replay cache, duplicate detection
@@ -9,21 +10,18 @@
 use std::collections::VecDeque;
 
 use super::atomic_cache::AtomicCache;
-use super::requester::{emit_sealed, packets_for};
+use super::requester::packets_for;
 use super::rq::{RecvQueue, RecvWqe, Srq};
 use super::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
-use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, OpKind, Opcode, Packet,
-    Position, Psn, Syndrome,
-};
+use crate::wire::{NakCode, OpKind, Packet, Position, Psn, Syndrome};
 
 /// Credit count rxe puts in every ACK: "invalid", end-to-end credits not used.
-const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
+pub(super) const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
 
 /// A queued answer.
 #[derive(Clone, Copy, Debug)]
-enum Response {
+pub(super) enum Response {
     /// ACK, NAK or RNR NAK.
     Ack {
         psn: Psn,
@@ -100,9 +98,9 @@ pub struct RecvSide {
     pub msn: u32,
     nak_seq_sent: bool,
     msg: InMsg,
-    resp: VecDeque<Response>,
+    pub(super) resp: VecDeque<Response>,
     resp_cap: usize,
-    rd_atomic_queued: usize,
+    pub(super) rd_atomic_queued: usize,
     cache: AtomicCache,
     /// Path MTU in bytes.
     pub mtu: u32,
@@ -116,7 +114,7 @@ pub struct RecvSide {
     pub dest_qpn: u32,
 }
 
-fn map_err(e: AccessError) -> Option<NakCode> {
+pub(super) fn map_err(e: AccessError) -> Option<NakCode> {
     match e {
         AccessError::Suspended(_) => None,
         AccessError::Misaligned(_) => Some(NakCode::InvalidRequest),
@@ -179,7 +177,7 @@ impl RecvSide {
         !self.resp.is_empty()
     }
 
-    fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
+    pub(super) fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
         let msn = self.msn;
         // Coalesce: a newer ACK replaces an unsent one at the back of the queue.
         if let Some(Response::Ack {
@@ -663,113 +661,6 @@ impl RecvSide {
                 }
             }
             _ => {}
-        }
-    }
-
-    /// Emit the next queued answer into `buf`. `Err(Fatal)` when a READ could not be served and
-    /// was NAKed (the QP must enter the error state).
-    pub fn poll_response(
-        &mut self,
-        actx: AccessCtx,
-        mem: &dyn MemoryAccess,
-        icrc: &IcrcContext,
-        buf: &mut [u8],
-    ) -> Result<Option<usize>, Fatal> {
-        let Some(front) = self.resp.front_mut() else {
-            return Ok(None);
-        };
-        let dest = self.dest_qpn;
-        match *front {
-            Response::Ack { psn, syndrome, msn } => {
-                let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
-                h.aeth = Some(AethRepr { syndrome, msn });
-                self.resp.pop_front();
-                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
-            }
-            Response::Atomic { psn, orig, msn } => {
-                let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, psn));
-                h.aeth = Some(AethRepr {
-                    syndrome: NO_CREDITS,
-                    msn,
-                });
-                h.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
-                self.resp.pop_front();
-                self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
-                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
-            }
-            Response::Read {
-                psn,
-                va,
-                rkey,
-                remaining,
-                started,
-                msn,
-            } => {
-                let plen = remaining.min(self.mtu);
-                let last = plen == remaining;
-                let opcode = match (started, last) {
-                    (false, true) => Opcode::RC_READ_RESPONSE_ONLY,
-                    (false, false) => Opcode::RC_READ_RESPONSE_FIRST,
-                    (true, true) => Opcode::RC_READ_RESPONSE_LAST,
-                    (true, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
-                };
-                let mut h = HeaderRepr::new(BthRepr::new(opcode, dest, psn));
-                if !started || last {
-                    h.aeth = Some(AethRepr {
-                        syndrome: NO_CREDITS,
-                        msn,
-                    });
-                }
-                let mut failed = None;
-                let r = emit_sealed(&h, plen as usize, icrc, buf, |dst| {
-                    if dst.is_empty() {
-                        return Ok(());
-                    }
-                    mem.read(actx, rkey, va, dst, Access::REMOTE_READ)
-                        .map_err(|e| {
-                            failed = Some(e);
-                            WcStatus::RemAccessErr
-                        })
-                });
-                match (r, failed) {
-                    (Ok(n), _) => {
-                        if last {
-                            self.resp.pop_front();
-                            self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
-                        } else if let Some(Response::Read {
-                            psn,
-                            va,
-                            remaining,
-                            started,
-                            ..
-                        }) = self.resp.front_mut()
-                        {
-                            *psn = psn.add(1);
-                            *va = va.wrapping_add(u64::from(plen));
-                            *remaining -= plen;
-                            *started = true;
-                        }
-                        Ok(Some(n))
-                    }
-                    (Err(_), Some(AccessError::Suspended(_))) => {
-                        // Stop the stream; the requester times out and asks again.
-                        self.resp.pop_front();
-                        self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
-                        Ok(None)
-                    }
-                    (Err(_), Some(e)) => {
-                        let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
-                        self.resp.clear();
-                        self.rd_atomic_queued = 0;
-                        self.push_ack(psn, Syndrome::Nak(code));
-                        Err(Fatal)
-                    }
-                    (Err(_), None) => {
-                        self.resp.pop_front();
-                        Ok(None)
-                    }
-                }
-            }
         }
     }
 }

@@ -27,6 +27,9 @@ pub struct DeviceConfig {
     pub active_mtu: Mtu,
     /// Socket buffer size.
     pub socket_buffer: usize,
+    /// Coalesce consecutive packets to one peer into UDP GSO datagrams (the kernel segments
+    /// them; segment k carries IPv4 identification k, which the ICRC accounts for).
+    pub gso: bool,
 }
 
 impl DeviceConfig {
@@ -40,6 +43,7 @@ impl DeviceConfig {
             pin_mode: PinMode::Pinned,
             active_mtu: Mtu::Mtu4096,
             socket_buffer: 8 << 20,
+            gso: true,
         }
     }
 }
@@ -138,7 +142,7 @@ impl Device {
             pin_mode: cfg.pin_mode,
             ..MemConfig::default()
         })?);
-        let engine = Arc::new(Engine::new(port, mem, cfg.mode)?);
+        let engine = Arc::new(Engine::new(port, mem, cfg.mode, cfg.gso)?);
         let thread = Some(engine::spawn(engine.clone())?);
         Ok(Device {
             inner: Arc::new(DeviceInner {

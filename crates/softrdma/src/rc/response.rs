@@ -1,0 +1,119 @@
+//! The responder's answers on the wire: ACKs, NAKs, RNR NAKs, atomic acknowledgements and
+//! READ response streams, emitted in PSN order from the queue the responder fills.
+
+use super::requester::emit_sealed;
+use super::responder::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
+use super::wr::WcStatus;
+use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, Opcode, Syndrome,
+};
+
+impl RecvSide {
+    /// Emit the next queued answer into `buf`. `Err(Fatal)` when a READ could not be served and
+    /// was NAKed (the QP must enter the error state).
+    pub fn poll_response(
+        &mut self,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        icrc: &IcrcContext,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, Fatal> {
+        let Some(front) = self.resp.front_mut() else {
+            return Ok(None);
+        };
+        let dest = self.dest_qpn;
+        match *front {
+            Response::Ack { psn, syndrome, msn } => {
+                let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
+                h.aeth = Some(AethRepr { syndrome, msn });
+                self.resp.pop_front();
+                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
+            }
+            Response::Atomic { psn, orig, msn } => {
+                let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, psn));
+                h.aeth = Some(AethRepr {
+                    syndrome: NO_CREDITS,
+                    msn,
+                });
+                h.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                self.resp.pop_front();
+                self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
+            }
+            Response::Read {
+                psn,
+                va,
+                rkey,
+                remaining,
+                started,
+                msn,
+            } => {
+                let plen = remaining.min(self.mtu);
+                let last = plen == remaining;
+                let opcode = match (started, last) {
+                    (false, true) => Opcode::RC_READ_RESPONSE_ONLY,
+                    (false, false) => Opcode::RC_READ_RESPONSE_FIRST,
+                    (true, true) => Opcode::RC_READ_RESPONSE_LAST,
+                    (true, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+                };
+                let mut h = HeaderRepr::new(BthRepr::new(opcode, dest, psn));
+                if !started || last {
+                    h.aeth = Some(AethRepr {
+                        syndrome: NO_CREDITS,
+                        msn,
+                    });
+                }
+                let mut failed = None;
+                let r = emit_sealed(&h, plen as usize, icrc, buf, |dst| {
+                    if dst.is_empty() {
+                        return Ok(());
+                    }
+                    mem.read(actx, rkey, va, dst, Access::REMOTE_READ)
+                        .map_err(|e| {
+                            failed = Some(e);
+                            WcStatus::RemAccessErr
+                        })
+                });
+                match (r, failed) {
+                    (Ok(n), _) => {
+                        if last {
+                            self.resp.pop_front();
+                            self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                        } else if let Some(Response::Read {
+                            psn,
+                            va,
+                            remaining,
+                            started,
+                            ..
+                        }) = self.resp.front_mut()
+                        {
+                            *psn = psn.add(1);
+                            *va = va.wrapping_add(u64::from(plen));
+                            *remaining -= plen;
+                            *started = true;
+                        }
+                        Ok(Some(n))
+                    }
+                    (Err(_), Some(AccessError::Suspended(_))) => {
+                        // Stop the stream; the requester times out and asks again.
+                        self.resp.pop_front();
+                        self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                        Ok(None)
+                    }
+                    (Err(_), Some(e)) => {
+                        let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
+                        self.resp.clear();
+                        self.rd_atomic_queued = 0;
+                        self.push_ack(psn, Syndrome::Nak(code));
+                        Err(Fatal)
+                    }
+                    (Err(_), None) => {
+                        self.resp.pop_front();
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+}
