@@ -2,6 +2,8 @@
 //! the sample capture made with softrdma's own packet builder.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod baseline;
 pub mod capture;
 pub mod decode;
+pub mod perf;
 pub mod sample;

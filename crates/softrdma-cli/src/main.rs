@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use softrdma::wire::ROCE_PORT;
-use softrdma_cli::{decode, sample};
+use softrdma_cli::{decode, perf, sample};
+use std::net::IpAddr;
 
 #[derive(Parser)]
 #[command(name = "softrdma", version, about = "A software RDMA NIC: tools")]
@@ -33,6 +34,42 @@ enum Cmd {
         /// Print only the summary.
         #[arg(long, short)]
         quiet: bool,
+    },
+    /// Run a perftest-style test over softrdma: server and client in two processes.
+    Perf {
+        /// Which test.
+        #[arg(value_enum)]
+        test: perf::Test,
+        /// Be the server.
+        #[arg(long, conflicts_with_all = ["client", "loopback"])]
+        server: bool,
+        /// Be the client of the server at this address.
+        #[arg(long, conflicts_with = "loopback")]
+        client: Option<IpAddr>,
+        /// Run a server in a child process on 127.0.0.2 and the client on 127.0.0.1 (the
+        /// default when neither --server nor --client is given).
+        #[arg(long)]
+        loopback: bool,
+        /// This side's device address (default 127.0.0.1; 127.0.0.2 for a loopback server).
+        #[arg(long)]
+        local: Option<IpAddr>,
+        #[command(flatten)]
+        opts: perf::PerfOpts,
+    },
+    /// Measure the raw UDP loopback baseline (same batching, GSO and GRO, no transport).
+    Baseline {
+        /// `bw` (receiver goodput) or `lat` (one-way latency, busy-polling).
+        #[arg(value_parser = ["bw", "lat"])]
+        what: String,
+        /// Message size in bytes.
+        #[arg(long, short = 's', default_value_t = 65536)]
+        size: usize,
+        /// Packet (GSO segment) size for `bw`.
+        #[arg(long, default_value_t = 4096)]
+        segment: usize,
+        /// Seconds for `bw`; round trips for `lat`.
+        #[arg(long, default_value_t = 2.0)]
+        amount: f64,
     },
     /// Write the sample capture (every opcode, built by softrdma) to a file.
     Sample {
@@ -115,6 +152,82 @@ fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     }
                 );
                 return Ok(ExitCode::from(1));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Perf {
+            test,
+            server,
+            client,
+            loopback: _,
+            local,
+            opts,
+        } => {
+            if server {
+                perf::server(local.unwrap_or(IpAddr::from([127, 0, 0, 1])), &opts)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let stdout = std::io::stdout();
+            let mut out = stdout.lock();
+            if let Some(addr) = client {
+                perf::client(
+                    local.unwrap_or(IpAddr::from([127, 0, 0, 1])),
+                    addr,
+                    test,
+                    &opts,
+                    &mut out,
+                )?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            // Loopback: a server process on 127.0.0.2, this process the client on 127.0.0.1.
+            let me = std::env::current_exe()?;
+            let args: Vec<String> = std::env::args()
+                .skip(1)
+                .filter(|a| a != "--loopback")
+                .collect();
+            let mut child = std::process::Command::new(me)
+                .args(&args)
+                .args(["--server", "--local", "127.0.0.2"])
+                .stdin(std::process::Stdio::null())
+                .spawn()?;
+            let res = perf::client(
+                IpAddr::from([127, 0, 0, 1]),
+                IpAddr::from([127, 0, 0, 2]),
+                test,
+                &opts,
+                &mut out,
+            );
+            let status = match res {
+                Ok(_) => child.wait()?,
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+            };
+            if !status.success() {
+                return Err(format!("server process: {status}").into());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Baseline {
+            what,
+            size,
+            segment,
+            amount,
+        } => {
+            if what == "bw" {
+                let mb = softrdma_cli::baseline::bw(
+                    size,
+                    segment.clamp(64, 65000),
+                    amount.clamp(0.1, 60.0),
+                )?;
+                println!(
+                    "{{\"baseline\": \"udp_bw\", \"size\": {size}, \"segment\": {segment}, \"mb_per_s\": {mb:.1}}}"
+                );
+            } else {
+                let us = softrdma_cli::baseline::lat(size, (amount as usize).clamp(10, 1_000_000))?;
+                println!("{{\"baseline\": \"udp_lat\", \"size\": {size}, \"lat_us\": {us:.3}}}");
             }
             Ok(ExitCode::SUCCESS)
         }

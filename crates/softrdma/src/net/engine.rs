@@ -68,6 +68,7 @@ pub struct QpBody {
     pub peer: Option<SocketAddr>,
     tx: TxBatch,
     deltas: Vec<IdDelta>,
+    acks_only: bool,
 }
 
 /// A shared receive queue with its lock.
@@ -113,6 +114,7 @@ impl QpCell {
                 // Room for one GSO datagram of MTU-sized packets, plus acks.
                 tx: TxBatch::new(64, (max * 48).max(MAX_DATAGRAM)),
                 deltas: Vec::with_capacity(4),
+                acks_only: true,
             }),
             send_cq,
             recv_cq,
@@ -130,6 +132,8 @@ impl QpCell {
 struct RxState {
     batch: RxBatch,
     deltas: Vec<IdDelta>,
+    /// QPs whose acknowledgements wait in their batch (busy-poll mode).
+    pending: Vec<Arc<QpCell>>,
 }
 
 /// One device's datapath.
@@ -144,6 +148,8 @@ pub struct Engine {
     mode: PollMode,
     gso: bool,
     stop: AtomicBool,
+    /// When a CQ poller last drove progress (engine clock), for busy-poll mode.
+    last_poll: AtomicU64,
     /// Counters.
     pub counters: EngineCounters,
 }
@@ -158,7 +164,12 @@ const RX_BATCH: usize = 32;
 
 impl Engine {
     /// An engine on a bound port.
-    pub fn new(port: UdpPort, mem: Arc<MemoryTable>, mode: PollMode, gso: bool) -> io::Result<Engine> {
+    pub fn new(
+        port: UdpPort,
+        mem: Arc<MemoryTable>,
+        mode: PollMode,
+        gso: bool,
+    ) -> io::Result<Engine> {
         port.set_nonblocking(true)?;
         let local_ip = port.local_addr().ip();
         Ok(Engine {
@@ -169,11 +180,13 @@ impl Engine {
             rx: Mutex::new(RxState {
                 batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
                 deltas: Vec::new(),
+                pending: Vec::with_capacity(64),
             }),
             epoch: Instant::now(),
             mode,
             gso,
             stop: AtomicBool::new(false),
+            last_poll: AtomicU64::new(0),
             counters: EngineCounters::default(),
         })
     }
@@ -244,25 +257,41 @@ impl Engine {
     /// Transmit whatever `cell`'s transport has ready and move its completions to the CQs.
     /// Called with the QP locked, after every post, packet and timeout.
     pub fn drive(&self, cell: &QpCell, body: &mut QpBody, now: u64) {
+        self.drive_inner(cell, body, now, false);
+    }
+
+    /// [`Engine::drive`]; with `defer_acks`, plain acknowledgements are left queued in the
+    /// QP's batch (returns true) to go out with its next request or the next flush, which
+    /// keeps an acknowledgement's system call off a busy poller's critical path.
+    fn drive_inner(&self, cell: &QpCell, body: &mut QpBody, now: u64, defer_acks: bool) -> bool {
         let QpBody {
             qp,
             peer,
             tx,
             deltas,
+            acks_only,
         } = body;
         let max = qp.max_packet_len();
+        let mut pending = false;
         if let Some(dst) = *peer {
             let v4 = dst.is_ipv4();
+            if tx.is_empty() {
+                *acks_only = true;
+            }
             loop {
                 if !tx.has_room(max) {
                     self.flush(tx);
+                    *acks_only = true;
                 }
                 let mem: &MemoryTable = &self.mem;
                 match tx.push_packet(dst, max, |buf| qp.poll_transmit(now, mem, buf).unwrap_or(0)) {
                     Some((0, _)) => break,
                     Some((n, k)) => {
+                        let pkt = tx.last_packet_mut(n);
+                        // A plain ACK: opcode 0x11 with an ACK syndrome (bits 6-5 clear).
+                        *acks_only &= pkt[0] == 0x11 && pkt.len() > 12 && pkt[12] & 0x60 == 0;
                         if k > 0 && v4 {
-                            fix_icrc_for_id(deltas, tx.last_packet_mut(n), k);
+                            fix_icrc_for_id(deltas, pkt, k);
                         }
                     }
                     None => {
@@ -270,16 +299,30 @@ impl Engine {
                             break; // cannot happen: an empty batch has room for a packet
                         }
                         self.flush(tx);
+                        *acks_only = true;
                     }
                 }
             }
-            self.flush(tx);
+            if defer_acks && *acks_only && !tx.is_empty() {
+                pending = true;
+            } else {
+                self.flush(tx);
+            }
         }
         while let Some(wc) = qp.poll_send_completion() {
             cell.send_cq.push(wc);
         }
         while let Some(wc) = qp.poll_recv_completion() {
             cell.recv_cq.push(wc);
+        }
+        pending
+    }
+
+    /// Send the acknowledgements left queued by deferred drives.
+    fn flush_pending(&self, rx: &mut RxState) {
+        for cell in rx.pending.drain(..) {
+            let mut body = cell.lock();
+            self.flush(&mut body.tx);
         }
     }
 
@@ -307,6 +350,18 @@ impl Engine {
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
+        self.last_poll.store(self.now(), Ordering::Relaxed);
+        let done = self.receive(&mut rx, self.mode == PollMode::BusyPoll);
+        drop(rx);
+        if timers {
+            self.run_timers();
+        }
+        done
+    }
+
+    /// Receive and handle up to a few batches of datagrams.
+    fn receive(&self, rx: &mut RxState, defer_acks: bool) -> usize {
+        self.flush_pending(rx);
         let mut done = 0;
         for _ in 0..8 {
             let n = match self.port.recv(&mut rx.batch) {
@@ -320,24 +375,32 @@ impl Engine {
                 .rx_datagrams
                 .fetch_add(n as u64, Ordering::Relaxed);
             let now = self.now();
-            let RxState { batch, deltas } = &mut *rx;
+            let RxState {
+                batch,
+                deltas,
+                pending,
+            } = rx;
             for i in 0..n {
                 let Some(d) = batch.get(i) else { continue };
                 for (k, seg) in d.segments().enumerate() {
                     done += 1;
-                    self.handle_segment(now, d.src, k, seg, deltas);
+                    if let Some(cell) = self.handle_segment(now, d.src, k, seg, deltas, defer_acks)
+                        && !pending.iter().any(|c| c.qpn == cell.qpn)
+                    {
+                        pending.push(cell);
+                    }
                 }
             }
             if n < RX_BATCH {
                 break;
             }
         }
-        if timers {
-            self.run_timers();
-        }
         self.counters
             .rx_packets
             .fetch_add(done as u64, Ordering::Relaxed);
+        if !defer_acks {
+            self.flush_pending(rx);
+        }
         done
     }
 
@@ -396,10 +459,9 @@ impl Engine {
         k: usize,
         seg: &[u8],
         deltas: &mut Vec<IdDelta>,
-    ) {
-        let Some(pkt) = self.verify(src, k, seg, deltas) else {
-            return;
-        };
+        defer_acks: bool,
+    ) -> Option<Arc<QpCell>> {
+        let pkt = self.verify(src, k, seg, deltas)?;
         let qpn = pkt.hdr.bth.dest_qp;
         let cell = self
             .qps
@@ -409,12 +471,12 @@ impl Engine {
             .cloned();
         let Some(cell) = cell else {
             self.counters.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         };
         let mut body = cell.lock();
         if body.peer.map(|p| p.ip()) != Some(src.ip()) {
             self.counters.rx_wrong_peer.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
         match &cell.srq {
             Some(s) => {
@@ -423,7 +485,9 @@ impl Engine {
             }
             None => body.qp.handle_packet(now, &pkt, &*self.mem, None),
         }
-        self.drive(&cell, &mut body, now);
+        let pending = self.drive_inner(&cell, &mut body, now, defer_acks);
+        drop(body);
+        pending.then_some(cell)
     }
 
     /// Fire due timers of every QP; returns the earliest deadline still pending.
@@ -465,15 +529,19 @@ impl Engine {
             let next = self.run_timers();
             let now = self.now();
             let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
+            // In busy-poll mode pollers receive; the thread steps in only when nobody has
+            // polled for a while, and otherwise sleeps instead of competing for packets.
+            const POLLER_ACTIVE: u64 = 200_000;
             let watch_socket = match self.mode {
                 PollMode::Blocking => true,
-                // Busy pollers receive; the thread steps in after a quiet millisecond.
-                PollMode::BusyPoll => false,
+                PollMode::BusyPoll => {
+                    now.saturating_sub(self.last_poll.load(Ordering::Relaxed)) > POLLER_ACTIVE
+                }
             };
             let wait = if watch_socket {
                 wait
             } else {
-                wait.min(1_000_000)
+                wait.min(POLLER_ACTIVE)
             };
             let ts = libc::timespec {
                 tv_sec: (wait / 1_000_000_000) as i64,
@@ -487,7 +555,10 @@ impl Engine {
             let nfds = if watch_socket { 1 } else { 0 };
             // SAFETY: `p` is one valid pollfd (ignored when nfds is 0) and `ts` a valid timeout.
             unsafe { libc::ppoll(&mut p, nfds, &ts, std::ptr::null()) };
-            self.progress(false);
+            if let Ok(mut rx) = self.rx.try_lock() {
+                // Progress without marking a poller active.
+                self.receive(&mut rx, false);
+            }
         }
     }
 }

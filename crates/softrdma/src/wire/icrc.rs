@@ -216,10 +216,10 @@ impl IdDelta {
             };
             rows.swap(used, p);
             let (pv, pc) = rows[used];
-            for j in 0..16 {
-                if j != used && rows[j].0 & mask != 0 {
-                    rows[j].0 ^= pv;
-                    rows[j].1 ^= pc;
+            for (j, row) in rows.iter_mut().enumerate() {
+                if j != used && row.0 & mask != 0 {
+                    row.0 ^= pv;
+                    row.1 ^= pc;
                 }
             }
             if target & mask != 0 {

@@ -1,0 +1,126 @@
+//! The raw UDP baseline that softrdma's benchmarks compare against, measured in the same run:
+//! the same socket set-up, batching (`sendmmsg`/`recvmmsg`), UDP GSO and GRO as softrdma's
+//! datapath, with no transport on top.
+//!
+//! * `bw`: a sender blasts messages of `size` bytes (as GSO datagrams of `segment`-byte
+//!   packets) at a receiver for `secs` seconds; the receiver's goodput is the figure.
+//! * `lat`: ping-pong of `size`-byte datagrams, both sides busy-polling non-blocking sockets;
+//!   reports half the round trip, as perftest does.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use softrdma::net::udp::MAX_DATAGRAM;
+use softrdma::net::{PortOptions, RxBatch, TxBatch, UdpPort};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn port(addr: SocketAddr) -> Res<UdpPort> {
+    Ok(UdpPort::bind(
+        addr,
+        PortOptions {
+            buffer_bytes: 8 << 20,
+            gro: true,
+            nonblocking: true,
+        },
+    )?)
+}
+
+/// Receiver goodput in MB/s of `size`-byte messages sent as GSO datagrams of `segment`-byte
+/// packets for `secs` seconds, sender and receiver in two threads.
+pub fn bw(size: usize, segment: usize, secs: f64) -> Res<f64> {
+    let rx = port("127.0.0.2:0".parse()?)?;
+    let tx = port("127.0.0.1:0".parse()?)?;
+    let dst = rx.local_addr();
+    let dur = Duration::from_secs_f64(secs);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let sender = std::thread::spawn(move || -> usize {
+        let per_dgram = (MAX_DATAGRAM / segment).min(64) * segment;
+        let mut batch = TxBatch::new(16, 16 * MAX_DATAGRAM);
+        let msg = vec![0xa5u8; size];
+        let mut sent = 0;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            for chunk in msg.chunks(per_dgram) {
+                if !batch.push(dst, chunk, segment as u16) {
+                    let _ = tx.send(&mut batch);
+                    batch.push(dst, chunk, segment as u16);
+                }
+            }
+            if batch.len() >= 8 {
+                let _ = tx.send(&mut batch);
+            }
+            sent += size;
+        }
+        sent
+    });
+    let mut batch = RxBatch::new(32, MAX_DATAGRAM);
+    let mut got = 0usize;
+    let t0 = Instant::now();
+    let mut first: Option<Instant> = None;
+    while t0.elapsed() < dur {
+        if let Ok(n) = rx.recv(&mut batch) {
+            first.get_or_insert_with(Instant::now);
+            for i in 0..n {
+                if let Some(d) = batch.get(i) {
+                    got += d.data.len();
+                }
+            }
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let secs = first.map_or(secs, |f| f.elapsed().as_secs_f64());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = sender.join();
+    Ok(got as f64 / secs / 1e6)
+}
+
+/// One-way latency in microseconds (half the median round trip) of `size`-byte datagrams,
+/// ping-pong between two busy-polling threads, `iters` round trips.
+pub fn lat(size: usize, iters: usize) -> Res<f64> {
+    let a = port("127.0.0.1:0".parse()?)?;
+    let b = port("127.0.0.2:0".parse()?)?;
+    let (aa, ba) = (a.local_addr(), b.local_addr());
+    let echo = std::thread::spawn(move || {
+        let mut rx = RxBatch::new(4, MAX_DATAGRAM);
+        let mut tx = TxBatch::new(1, MAX_DATAGRAM);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut n = 0;
+        while n < iters && Instant::now() < deadline {
+            if let Ok(k) = b.recv(&mut rx) {
+                for i in 0..k {
+                    if let Some(d) = rx.get(i) {
+                        tx.push(aa, d.data, 0);
+                        n += 1;
+                    }
+                }
+                let _ = b.send(&mut tx);
+            }
+        }
+    });
+    let msg = vec![1u8; size];
+    let mut rx = RxBatch::new(4, MAX_DATAGRAM);
+    let mut tx = TxBatch::new(1, MAX_DATAGRAM);
+    let mut rtts = Vec::with_capacity(iters);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        tx.push(ba, &msg, 0);
+        a.send(&mut tx)?;
+        loop {
+            if let Ok(k) = a.recv(&mut rx)
+                && k > 0
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("baseline ping-pong timed out".into());
+            }
+        }
+        rtts.push(t0.elapsed());
+    }
+    let _ = echo.join();
+    rtts.sort();
+    Ok(rtts[rtts.len() / 2].as_secs_f64() * 1e6 / 2.0)
+}

@@ -1,0 +1,235 @@
+//! Contexts: the `verbs_context`/`ibv_context` block C sees, and the Rust state behind it.
+//!
+//! Memory layout of one opened context (one heap block, [`Context`]):
+//! ```text
+//!   +0    verbs_context: 39 extended-op slots, sz          (all NULL in phase 1)
+//!   +320  ibv_context: device, ops (32 slots), cmd_fd, async_fd, ..., abi_compat = NULL
+//!   +648  Arc<Shared>: the device, the memory table, the async event queue
+//! ```
+//! C holds `&ctx.vctx.context`; [`Context::from_ibv`] checks the registry and steps back 320
+//! bytes. `abi_compat` is NULL, so verbs.h treats every extended verb as unsupported
+//! (`ibv_query_device_ex` and `ibv_query_port` fall back to the exported functions;
+//! `ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ... fail with EOPNOTSUPP).
+//! To serve extended verbs later, fill `vctx.ops` and set `abi_compat` to `UINTPTR_MAX`.
+
+use core::ffi::c_int;
+use std::sync::Arc;
+
+use softrdma::mem::{MemConfig, MemoryTable, PinMode};
+
+use crate::abi::{
+    CompatSlot, VERBS_CONTEXT_OPS, ibv_async_event, ibv_context, ibv_context_ops, verbs_context,
+};
+use crate::device::Device;
+use crate::errno::{ffi_minus1, guard};
+use crate::events::EventQueue;
+use crate::registry::{self, Kind};
+
+/// State shared by a context and every object created on it (they keep it alive after
+/// `ibv_close_device`, so a late `ibv_dereg_mr` never touches freed memory).
+#[derive(Debug)]
+pub struct Shared {
+    /// The device the context was opened on.
+    pub dev: &'static Device,
+    /// Registered memory of this context. Phase 2: the verbs `Device` owns it instead.
+    pub mem: MemoryTable,
+    /// Async events (`ibv_get_async_event`); its fd is `ctx->async_fd`.
+    pub async_events: EventQueue<ibv_async_event>,
+}
+
+/// One opened context. `#[repr(C)]` so that `vctx` (and the `ibv_context` at its end) is
+/// first.
+#[repr(C)]
+pub struct Context {
+    /// What C sees (it holds a pointer to `vctx.context`).
+    pub vctx: verbs_context,
+    /// Ours.
+    pub shared: Arc<Shared>,
+}
+
+// SAFETY: the C part is written only while the context is created and destroyed (by the one
+// thread that owns the pointer then); every other access goes through `shared`, which is Sync.
+unsafe impl Sync for Context {}
+// SAFETY: as above.
+unsafe impl Send for Context {}
+
+impl core::fmt::Debug for Context {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.shared.dev.cfg.name)
+            .field("async_fd", &self.vctx.context.async_fd)
+            .finish()
+    }
+}
+
+/// Offset of the `ibv_context` inside [`Context`].
+pub const CONTEXT_OFFSET: usize =
+    core::mem::offset_of!(Context, vctx) + core::mem::offset_of!(verbs_context, context);
+
+/// The pinning policy from `SOFTRDMA_PIN` (`pinned`, the default, or `on-demand`).
+fn pin_mode() -> PinMode {
+    match std::env::var("SOFTRDMA_PIN").as_deref() {
+        Ok("on-demand") | Ok("odp") => PinMode::OnDemand,
+        _ => PinMode::Pinned,
+    }
+}
+
+/// The data-path operation table (`ctx->ops`).
+pub fn ops() -> ibv_context_ops {
+    use crate::pending as p;
+    ibv_context_ops {
+        _compat_query_device: None,
+        _compat_query_port: None,
+        _compat_alloc_pd: None,
+        _compat_dealloc_pd: None,
+        _compat_reg_mr: None,
+        _compat_rereg_mr: None,
+        _compat_dereg_mr: None,
+        alloc_mw: Some(p::alloc_mw),
+        bind_mw: Some(p::bind_mw),
+        dealloc_mw: Some(p::dealloc_mw),
+        _compat_create_cq: None,
+        poll_cq: Some(p::poll_cq),
+        req_notify_cq: Some(p::req_notify_cq),
+        _compat_cq_event: None,
+        _compat_resize_cq: None,
+        _compat_destroy_cq: None,
+        _compat_create_srq: None,
+        _compat_modify_srq: None,
+        _compat_query_srq: None,
+        _compat_destroy_srq: None,
+        post_srq_recv: Some(p::post_srq_recv),
+        _compat_create_qp: None,
+        _compat_query_qp: None,
+        _compat_modify_qp: None,
+        _compat_destroy_qp: None,
+        post_send: Some(p::post_send),
+        post_recv: Some(p::post_recv),
+        _compat_create_ah: None,
+        _compat_destroy_ah: None,
+        _compat_attach_mcast: None,
+        _compat_detach_mcast: None,
+        _compat_async_event: None,
+    }
+}
+
+impl Context {
+    /// Open a context on `dev`; the C pointer to hand out.
+    pub fn open(dev: &'static Device) -> Result<*mut ibv_context, c_int> {
+        let config = MemConfig {
+            pin_mode: pin_mode(),
+            ..MemConfig::default()
+        };
+        let mem = MemoryTable::new(config).map_err(|e| crate::errno::mem_errno(&e))?;
+        let async_events = EventQueue::new()?;
+        let async_fd = async_events.fd();
+        let shared = Arc::new(Shared {
+            dev,
+            mem,
+            async_events,
+        });
+        let ctx = Box::new(Context {
+            vctx: verbs_context {
+                ops: [CompatSlot::None; VERBS_CONTEXT_OPS],
+                sz: core::mem::size_of::<verbs_context>(),
+                context: ibv_context {
+                    device: (&dev.dev as *const crate::abi::ibv_device).cast_mut(),
+                    ops: ops(),
+                    cmd_fd: -1,
+                    async_fd,
+                    num_comp_vectors: 1,
+                    mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                    abi_compat: core::ptr::null_mut(),
+                },
+            },
+            shared,
+        });
+        let raw = Box::into_raw(ctx);
+        // SAFETY: `raw` is a valid, just-allocated Context.
+        let c = unsafe { core::ptr::addr_of_mut!((*raw).vctx.context) };
+        registry::insert(c, Kind::Context);
+        Ok(c)
+    }
+
+    /// The context behind a C pointer, if it is an open context.
+    ///
+    /// # Safety
+    /// The returned reference is valid until `ibv_close_device(ctx)`; the caller must not
+    /// keep it past a close that can run concurrently (the C API forbids that race).
+    pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
+        if !registry::contains(ctx, Kind::Context) {
+            return None;
+        }
+        // SAFETY: registered context pointers point CONTEXT_OFFSET bytes into a live Context.
+        Some(unsafe { &*ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<Context>() })
+    }
+
+    /// The C pointer of this context.
+    pub fn ibv(&self) -> *mut ibv_context {
+        (&self.vctx.context as *const ibv_context).cast_mut()
+    }
+
+    /// Close the context `ctx` (`ibv_close_device`).
+    pub fn close(ctx: *mut ibv_context) -> Result<(), c_int> {
+        if !registry::remove(ctx, Kind::Context) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the pointer was registered (so it is CONTEXT_OFFSET bytes into a Context
+        // from Box::into_raw) and the registry let exactly this caller claim it.
+        drop(unsafe { Box::from_raw(ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<Context>()) });
+        Ok(())
+    }
+}
+
+/// The shared state of an open context, for the verbs below.
+///
+/// # Safety
+/// As [`Context::from_ibv`].
+pub unsafe fn shared_of(ctx: *mut ibv_context) -> Result<Arc<Shared>, c_int> {
+    // SAFETY: forwarded contract.
+    match unsafe { Context::from_ibv(ctx) } {
+        Some(c) => Ok(c.shared.clone()),
+        None => Err(libc::EINVAL),
+    }
+}
+
+/// `ibv_get_async_event`: wait for the next async event of `context` (or fail with EAGAIN
+/// if the application made `async_fd` non-blocking). 0, or -1 with errno.
+///
+/// # Safety
+/// `event` is NULL or points to a writable `struct ibv_async_event`.
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    ffi_minus1(|| {
+        if event.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the C API forbids closing a context while a thread waits on it.
+        let shared = unsafe { shared_of(context) }?;
+        let ev = shared.async_events.wait()?;
+        // SAFETY: `event` is non-NULL and writable per the contract.
+        unsafe { event.write(ev) };
+        Ok(())
+    })
+}
+
+/// `ibv_ack_async_event`: count the event as handled on its CQ, QP or SRQ (whose destroy
+/// waits for every event to be acknowledged). Unknown objects are ignored.
+///
+/// # Safety
+/// `event` is NULL or points to an event returned by `ibv_get_async_event`.
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    guard(
+        || (),
+        || {
+            if event.is_null() {
+                return;
+            }
+            // SAFETY: non-NULL and readable per the contract.
+            let ev = unsafe { event.read() };
+            crate::events::ack_async(&ev);
+        },
+    )
+}

@@ -1,0 +1,115 @@
+//! The exported C symbols and their version nodes.
+//!
+//! Why not `#[no_mangle]`: rustc gives a cdylib its own (unversioned) version script listing
+//! every `#[no_mangle]` symbol, and the linker then ignores the nodes of `libibverbs.map`
+//! for them. So the Rust functions keep mangled, internal names, and each C name is a
+//! one-instruction trampoline defined in `global_asm!` (a tail jump: arguments and return
+//! value pass through untouched). rustc's script does not name those symbols, so
+//! `libibverbs.map` assigns their nodes. `tests/exports.rs` checks this table, the map and
+//! the built library against each other.
+
+macro_rules! exports {
+    ($( $node:literal => [ $( $name:ident = $path:path ),* $(,)? ] ),* $(,)?) => {
+        $( $(
+            #[cfg(target_arch = "x86_64")]
+            core::arch::global_asm!(
+                ".pushsection .text",
+                concat!(".globl ", stringify!($name)),
+                concat!(".type ", stringify!($name), ",@function"),
+                ".p2align 4",
+                concat!(stringify!($name), ":"),
+                "jmp {f}",
+                concat!(".size ", stringify!($name), ", . - ", stringify!($name)),
+                ".popsection",
+                f = sym $path,
+            );
+            #[cfg(target_arch = "aarch64")]
+            core::arch::global_asm!(
+                ".pushsection .text",
+                concat!(".globl ", stringify!($name)),
+                concat!(".type ", stringify!($name), ",%function"),
+                ".p2align 4",
+                concat!(stringify!($name), ":"),
+                "b {f}",
+                concat!(".size ", stringify!($name), ", . - ", stringify!($name)),
+                ".popsection",
+                f = sym $path,
+            );
+        )* )*
+
+        /// Every exported symbol with its version node.
+        pub const EXPORTS: &[(&str, &str)] = &[ $( $( (stringify!($name), $node), )* )* ];
+    };
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("softrdma-ibverbs exports its symbols with x86_64 or aarch64 trampolines");
+
+use crate::{channel as ch, context as cx, device as dv, mr, pending as p, query as q};
+use crate::{strings as st, sysfs as fs};
+
+exports! {
+    "IBVERBS_1.0" => [
+        ibv_create_comp_channel = ch::ibv_create_comp_channel,
+        ibv_destroy_comp_channel = ch::ibv_destroy_comp_channel,
+        ibv_get_sysfs_path = fs::ibv_get_sysfs_path,
+        ibv_read_sysfs_file = fs::ibv_read_sysfs_file,
+    ],
+    "IBVERBS_1.1" => [
+        ibv_ack_async_event = cx::ibv_ack_async_event,
+        ibv_ack_cq_events = ch::ibv_ack_cq_events,
+        ibv_alloc_pd = mr::ibv_alloc_pd,
+        ibv_attach_mcast = p::ibv_attach_mcast,
+        ibv_close_device = dv::ibv_close_device,
+        ibv_create_ah = p::ibv_create_ah,
+        ibv_create_ah_from_wc = p::ibv_create_ah_from_wc,
+        ibv_create_cq = p::ibv_create_cq,
+        ibv_create_qp = p::ibv_create_qp,
+        ibv_create_srq = p::ibv_create_srq,
+        ibv_dealloc_pd = mr::ibv_dealloc_pd,
+        ibv_dereg_mr = mr::ibv_dereg_mr,
+        ibv_destroy_ah = p::ibv_destroy_ah,
+        ibv_destroy_cq = p::ibv_destroy_cq,
+        ibv_destroy_qp = p::ibv_destroy_qp,
+        ibv_destroy_srq = p::ibv_destroy_srq,
+        ibv_detach_mcast = p::ibv_detach_mcast,
+        ibv_dofork_range = fs::ibv_dofork_range,
+        ibv_dontfork_range = fs::ibv_dofork_range,
+        ibv_event_type_str = st::ibv_event_type_str,
+        ibv_fork_init = fs::ibv_fork_init,
+        ibv_free_device_list = dv::ibv_free_device_list,
+        ibv_get_async_event = cx::ibv_get_async_event,
+        ibv_get_cq_event = ch::ibv_get_cq_event,
+        ibv_get_device_guid = dv::ibv_get_device_guid,
+        ibv_get_device_list = dv::ibv_get_device_list,
+        ibv_get_device_name = dv::ibv_get_device_name,
+        ibv_init_ah_from_wc = p::ibv_init_ah_from_wc,
+        ibv_modify_qp = p::ibv_modify_qp,
+        ibv_modify_srq = p::ibv_modify_srq,
+        ibv_node_type_str = st::ibv_node_type_str,
+        ibv_open_device = dv::ibv_open_device,
+        ibv_port_state_str = st::ibv_port_state_str,
+        ibv_query_device = q::ibv_query_device,
+        ibv_query_gid = q::ibv_query_gid,
+        ibv_query_pkey = q::ibv_query_pkey,
+        ibv_query_port = q::ibv_query_port,
+        ibv_query_qp = p::ibv_query_qp,
+        ibv_query_srq = p::ibv_query_srq,
+        ibv_reg_mr = mr::ibv_reg_mr,
+        ibv_rereg_mr = mr::ibv_rereg_mr,
+        ibv_resize_cq = p::ibv_resize_cq,
+        ibv_wc_status_str = st::ibv_wc_status_str,
+    ],
+    "IBVERBS_1.5" => [ibv_get_pkey_index = q::ibv_get_pkey_index],
+    "IBVERBS_1.6" => [ibv_qp_to_qp_ex = p::ibv_qp_to_qp_ex],
+    "IBVERBS_1.7" => [ibv_reg_mr_iova = mr::ibv_reg_mr_iova],
+    "IBVERBS_1.8" => [ibv_reg_mr_iova2 = mr::ibv_reg_mr_iova2],
+    "IBVERBS_1.9" => [ibv_get_device_index = dv::ibv_get_device_index],
+    "IBVERBS_1.11" => [
+        _ibv_query_gid_ex = q::_ibv_query_gid_ex,
+        _ibv_query_gid_table = q::_ibv_query_gid_table,
+    ],
+    "IBVERBS_1.12" => [ibv_reg_dmabuf_mr = mr::ibv_reg_dmabuf_mr],
+    "IBVERBS_1.13" => [ibv_is_fork_initialized = fs::ibv_is_fork_initialized],
+    "IBVERBS_PRIVATE_34" => [ibv_query_gid_type = q::ibv_query_gid_type],
+}

@@ -1,0 +1,32 @@
+//! softrdma's drop-in `libibverbs.so.1`: unmodified rdma-core tools and perftest run on
+//! softrdma devices (see docs/IBVERBS.md).
+//!
+//! A thin skin: C structs in, Rust objects out, errors to errno. Every C object this library
+//! hands out is the first field of a `#[repr(C)]` Rust struct (`Pd`, `Mr`, `CompChannel`, ...;
+//! a context sits inside a `verbs_context`, see [`context`]), so a C pointer is also the Rust
+//! object's address; [`registry`] records the live ones, and the control path refuses (EINVAL)
+//! any pointer it did not hand out instead of dereferencing it. Entry points never unwind into
+//! C ([`errno::guard`]).
+//!
+//! Modules: [`abi`] (struct mirrors, layout table), [`config`] (which devices exist),
+//! [`device`] (discovery, open/close), [`query`] (device, port, GID, P_Key), [`mr`] (PDs and
+//! regions), [`channel`] and [`events`] (completion channels, async events), [`pending`]
+//! (verbs phase 2 backs with the engine), [`exports`] (symbols and version nodes).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_debug_implementations)]
+
+pub mod abi;
+pub mod channel;
+pub mod config;
+pub mod context;
+pub mod device;
+pub mod errno;
+pub mod events;
+pub mod exports;
+pub mod limits;
+pub mod mr;
+pub mod pending;
+pub mod query;
+pub mod registry;
+pub mod strings;
+pub mod sysfs;

@@ -1,0 +1,40 @@
+//! The capabilities `ibv_query_device` and `ibv_query_port` report. Phase 2 takes them from
+//! the verbs `Device`; until then they are the limits the engine is being built to.
+
+/// Largest region (128 TiB: the user address space of x86_64).
+pub const MAX_MR_SIZE: u64 = 1 << 47;
+/// Page sizes a region may use (any multiple of 4 KiB; regions are byte-granular anyway).
+pub const PAGE_SIZE_CAP: u64 = 0xffff_f000;
+/// No IEEE OUI: a software device (as Linux rxe reports).
+pub const VENDOR_ID: u32 = 0x00ff_ffff;
+/// "SR".
+pub const VENDOR_PART_ID: u32 = 0x5352;
+pub const HW_VER: u32 = 1;
+pub const MAX_QP: i32 = 1 << 14;
+pub const MAX_QP_WR: i32 = 1 << 14;
+pub const MAX_SGE: i32 = 32;
+pub const MAX_CQ: i32 = 1 << 14;
+pub const MAX_CQE: i32 = (1 << 16) - 1;
+/// Regions and windows share the key space of the memory table (`MemConfig::max_keys`).
+pub const MAX_MR: i32 = (1 << 16) - 1;
+pub const MAX_MW: i32 = (1 << 16) - 1;
+/// `MemConfig::max_pds`.
+pub const MAX_PD: i32 = 1 << 12;
+pub const MAX_QP_RD_ATOM: i32 = 128;
+pub const MAX_RES_RD_ATOM: i32 = MAX_QP * MAX_QP_RD_ATOM;
+pub const MAX_AH: i32 = 1 << 16;
+pub const MAX_SRQ: i32 = 1 << 12;
+pub const MAX_SRQ_WR: i32 = 1 << 14;
+pub const MAX_SRQ_SGE: i32 = 32;
+/// 4.096 µs * 2^15 ≈ 134 ms: how long the device may take to acknowledge.
+pub const LOCAL_CA_ACK_DELAY: u8 = 15;
+/// Entries of the GID table (0 and 1 hold the IPv4-mapped address; the rest are empty).
+pub const GID_TBL_LEN: i32 = 16;
+/// Largest message (2 GiB, the InfiniBand limit).
+pub const MAX_MSG_SZ: u32 = 1 << 31;
+/// `IBV_WIDTH_1X`.
+pub const ACTIVE_WIDTH: u8 = 1;
+/// `IBV_SPEED_EDR` (25 Gb/s per lane).
+pub const ACTIVE_SPEED: u8 = 32;
+/// `IBV_PORT_PHYS_STATE_LINK_UP`.
+pub const PHYS_STATE_LINK_UP: u8 = 5;

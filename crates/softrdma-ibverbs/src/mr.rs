@@ -1,0 +1,325 @@
+//! Protection domains and memory regions, over the context's `softrdma::mem::MemoryTable`.
+//!
+//! An `ibv_pd` is the C head of a [`Pd`] (its `handle` is the memory table's PD handle); an
+//! `ibv_mr` is the C head of an [`Mr`] (`lkey == rkey == handle`, the memory table's key).
+//! The registered bytes are the application's: `MemSource::raw`.
+
+use core::ffi::{c_int, c_uint, c_void};
+use std::sync::Arc;
+
+use softrdma::mem::{Access, MemSource, Rereg};
+
+use crate::abi::*;
+use crate::context::{Shared, shared_of};
+use crate::errno::{ffi_errno, ffi_ptr, guard, mem_errno, set_errno};
+use crate::registry::{self, Kind};
+
+/// A protection domain: the C struct first, then ours.
+#[repr(C)]
+pub struct Pd {
+    /// What C sees.
+    pub pd: ibv_pd,
+    /// The context it belongs to.
+    pub shared: Arc<Shared>,
+}
+
+impl core::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Pd")
+            .field("handle", &self.pd.handle)
+            .finish()
+    }
+}
+
+impl Pd {
+    /// The PD behind a C pointer, if it is a live one.
+    ///
+    /// # Safety
+    /// Valid until `ibv_dealloc_pd(pd)`, which the C API forbids to race with its use.
+    pub unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
+        // SAFETY: registered PD pointers point to a live Pd (C struct first).
+        registry::contains(pd, Kind::Pd).then(|| unsafe { &*pd.cast::<Pd>() })
+    }
+}
+
+/// A memory region: the C struct first, then ours.
+#[repr(C)]
+pub struct Mr {
+    /// What C sees.
+    pub mr: ibv_mr,
+    /// The context it belongs to.
+    pub shared: Arc<Shared>,
+}
+
+impl core::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Mr")
+            .field("lkey", &self.mr.lkey)
+            .field("addr", &self.mr.addr)
+            .field("length", &self.mr.length)
+            .finish()
+    }
+}
+
+impl Mr {
+    /// The MR behind a C pointer, if it is a live one.
+    ///
+    /// # Safety
+    /// Valid until `ibv_dereg_mr(mr)`, which the C API forbids to race with its use.
+    pub unsafe fn from_ibv<'a>(mr: *mut ibv_mr) -> Option<&'a Mr> {
+        // SAFETY: registered MR pointers point to a live Mr (C struct first).
+        registry::contains(mr, Kind::Mr).then(|| unsafe { &*mr.cast::<Mr>() })
+    }
+}
+
+/// `ibv_alloc_pd`: NULL with errno EINVAL (not an open context) or ENOMEM (too many PDs).
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted.
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    ffi_ptr(|| {
+        // SAFETY: the C API forbids closing the context concurrently.
+        let shared = unsafe { shared_of(context) }?;
+        let handle = shared.mem.alloc_pd().map_err(|e| mem_errno(&e))?;
+        let p = Box::into_raw(Box::new(Pd {
+            pd: ibv_pd { context, handle },
+            shared,
+        }))
+        .cast::<ibv_pd>();
+        registry::insert(p, Kind::Pd);
+        Ok(p)
+    })
+}
+
+/// `ibv_dealloc_pd`: 0 or errno (EINVAL: not a PD; EBUSY: regions or windows remain).
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted.
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    ffi_errno(|| {
+        if !registry::remove(pd, Kind::Pd) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: claimed from the registry: a live Pd only this caller holds.
+        let p = unsafe { &*pd.cast::<Pd>() };
+        if let Err(e) = p.shared.mem.dealloc_pd(p.pd.handle) {
+            registry::insert(pd, Kind::Pd);
+            return Err(mem_errno(&e));
+        }
+        // SAFETY: claimed above; it came from Box::into_raw.
+        drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
+        Ok(())
+    })
+}
+
+/// Register `length` bytes at `addr` in `pd`.
+fn reg(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: Option<u64>,
+    access: u32,
+) -> Result<*mut ibv_mr, c_int> {
+    // SAFETY: the C API forbids deallocating the PD concurrently.
+    let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+    if addr.is_null() || length == 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the C contract of ibv_reg_mr: the memory stays mapped until ibv_dereg_mr (or
+    // a rereg that replaces it), and the device may access it from any thread. A range that
+    // is not mapped is refused when pinned (mlock fails: EFAULT); unpinned it faults on
+    // access, like ODP memory.
+    let src = unsafe { MemSource::raw(addr.cast(), length) };
+    let info = p
+        .shared
+        .mem
+        .reg_mr(p.pd.handle, src, Access(access), iova)
+        .map_err(|e| mem_errno(&e.error))?;
+    let m = Box::into_raw(Box::new(Mr {
+        mr: ibv_mr {
+            context: p.pd.context,
+            pd,
+            addr,
+            length,
+            handle: info.lkey,
+            lkey: info.lkey,
+            rkey: info.rkey,
+        },
+        shared: p.shared.clone(),
+    }))
+    .cast::<ibv_mr>();
+    registry::insert(m, Kind::Mr);
+    Ok(m)
+}
+
+/// `ibv_reg_mr`: NULL with errno EINVAL (bad PD, NULL address, zero length, malformed or
+/// inconsistent access flags), ENOMEM (too many regions, pinning limit), EFAULT (unmapped
+/// memory, when pinned). Optional access flags (`IBV_ACCESS_OPTIONAL_RANGE`, e.g. relaxed
+/// ordering) are accepted and ignored.
+///
+/// # Safety
+/// The memory must stay mapped until the region is deregistered.
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    ffi_ptr(|| reg(pd, addr, length, None, access as u32))
+}
+
+/// `ibv_reg_mr_iova` (IBVERBS_1.7): as `ibv_reg_mr`, peers address the region from `iova`.
+///
+/// # Safety
+/// As [`ibv_reg_mr`].
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    ffi_ptr(|| reg(pd, addr, length, Some(iova), access as u32))
+}
+
+/// `ibv_reg_mr_iova2` (IBVERBS_1.8; what verbs.h's `ibv_reg_mr` macro calls when optional
+/// access flags are set).
+///
+/// # Safety
+/// As [`ibv_reg_mr`].
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    ffi_ptr(|| reg(pd, addr, length, Some(iova), access))
+}
+
+/// `ibv_reg_dmabuf_mr` (IBVERBS_1.12): not supported, NULL with errno EOPNOTSUPP.
+///
+/// # Safety
+/// None: any arguments are accepted.
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut ibv_pd,
+    _offset: u64,
+    _length: usize,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut ibv_mr {
+    set_errno(libc::EOPNOTSUPP);
+    core::ptr::null_mut()
+}
+
+/// `ibv_dereg_mr`: 0 or errno (EINVAL: not a live region, e.g. deregistered twice; EBUSY:
+/// memory windows are bound to it).
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted.
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    ffi_errno(|| {
+        if !registry::remove(mr, Kind::Mr) {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: claimed from the registry: a live Mr only this caller holds.
+        let m = unsafe { &*mr.cast::<Mr>() };
+        if let Err(e) = m.shared.mem.dereg_mr(m.mr.lkey) {
+            registry::insert(mr, Kind::Mr);
+            return Err(mem_errno(&e));
+        }
+        // SAFETY: claimed above; it came from Box::into_raw.
+        drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+        Ok(())
+    })
+}
+
+/// `enum ibv_rereg_mr_err_code`: an input error (the old region is unchanged).
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+/// `enum ibv_rereg_mr_err_code`: the device refused (the old region is unchanged).
+pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: change translation, PD and/or access of `mr` keeping its keys. 0, or
+/// `IBV_REREG_MR_ERR_INPUT` (-1; errno EINVAL: bad region, flags, PD or range) or
+/// `IBV_REREG_MR_ERR_CMD` (-4; errno from the memory subsystem). On failure the old region
+/// stays valid and unchanged.
+///
+/// # Safety
+/// With `IBV_REREG_MR_CHANGE_TRANSLATION`, the new memory must stay mapped until the region
+/// is deregistered or re-registered again.
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    guard(
+        || {
+            set_errno(crate::errno::PANIC_ERRNO);
+            IBV_REREG_MR_ERR_CMD
+        },
+        || {
+            let input = |e| {
+                set_errno(e);
+                IBV_REREG_MR_ERR_INPUT
+            };
+            let all = IBV_REREG_MR_CHANGE_TRANSLATION
+                | IBV_REREG_MR_CHANGE_PD
+                | IBV_REREG_MR_CHANGE_ACCESS;
+            if flags & !all != 0 {
+                return input(libc::EINVAL);
+            }
+            // SAFETY: the C API forbids deregistering the region concurrently.
+            let Some(m) = (unsafe { Mr::from_ibv(mr) }) else {
+                return input(libc::EINVAL);
+            };
+            let mut change = Rereg::default();
+            if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+                if addr.is_null() || length == 0 {
+                    return input(libc::EINVAL);
+                }
+                // SAFETY: the caller's contract (see above).
+                let src = unsafe { MemSource::raw(addr.cast(), length) };
+                change.translation = Some((src, None));
+            }
+            let mut new_pd = None;
+            if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+                // SAFETY: the C API forbids deallocating the PD concurrently.
+                match unsafe { Pd::from_ibv(pd) } {
+                    Some(p) if Arc::ptr_eq(&p.shared, &m.shared) => {
+                        change.pd = Some(p.pd.handle);
+                        new_pd = Some(pd);
+                    }
+                    _ => return input(libc::EINVAL),
+                }
+            }
+            if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+                change.access = Some(Access(access as u32));
+            }
+            match m.shared.mem.rereg_mr(m.mr.lkey, change) {
+                Ok(_) => {
+                    let c = mr;
+                    // SAFETY: a live region only this call modifies (the C API forbids
+                    // concurrent use of an MR being re-registered).
+                    unsafe {
+                        if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+                            (*c).addr = addr;
+                            (*c).length = length;
+                        }
+                        if let Some(p) = new_pd {
+                            (*c).pd = p;
+                        }
+                    }
+                    0
+                }
+                Err(e) => {
+                    set_errno(mem_errno(&e.error));
+                    IBV_REREG_MR_ERR_CMD
+                }
+            }
+        },
+    )
+}
