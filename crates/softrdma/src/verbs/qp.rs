@@ -229,8 +229,12 @@ impl Qp {
                 "this QP takes its receives from an SRQ".into(),
             ));
         }
+        let engine = self.pd.device().engine();
         let mut body = self.cell.lock();
         body.qp.post_recv(wr)?;
+        // In the error state the receive completes at once (flushed): move it to the CQ.
+        let now = engine.now();
+        engine.drive(&self.cell, &mut body, now);
         Ok(())
     }
 
