@@ -531,7 +531,7 @@ impl Engine {
             let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
             // In busy-poll mode pollers receive; the thread steps in only when nobody has
             // polled for a while, and otherwise sleeps instead of competing for packets.
-            const POLLER_ACTIVE: u64 = 200_000;
+            const POLLER_ACTIVE: u64 = 100_000;
             let watch_socket = match self.mode {
                 PollMode::Blocking => true,
                 PollMode::BusyPoll => {
