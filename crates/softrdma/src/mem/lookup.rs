@@ -3,13 +3,17 @@
 //! Every call resolves the key with one array index and holds that slot's read guard (and the
 //! region state's) until its copy is done; see [`table`](super::table) for why.
 
-use super::copy;
+use std::sync::Arc;
+
+use super::copy::{self, CopyMode};
+use super::region::MrState;
 use super::table::{Entry, read};
 use super::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess, MemoryTable};
 
 impl MemoryTable {
     /// Validate `[iova, iova+len)` under `key` for `need` by `ctx`, then run `f` on the host
-    /// address while the access counts as in flight.
+    /// address (and how to copy there) while the access counts as in flight. A `Fault` from
+    /// `f` is recorded against the region once the guards are released.
     #[inline]
     fn with_target<R>(
         &self,
@@ -18,17 +22,42 @@ impl MemoryTable {
         iova: u64,
         len: u64,
         need: Access,
-        f: impl FnOnce(*mut u8) -> Result<R, AccessError>,
+        f: impl FnOnce(*mut u8, CopyMode) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
+        let raw = self.raw_copy;
+        let mode = |st: &MrState| {
+            if st.backing.is_raw() {
+                raw
+            } else {
+                CopyMode::Plain
+            }
+        };
         let g = read(self.slot(key)?);
-        match &*g {
+        // The region to blame when the copy faults (rare: only then is its `Arc` cloned).
+        let (r, faulted) = match &*g {
             Entry::Mr { key: k, mr } if *k == key => {
                 let st = read(&mr.state);
-                f(st.resolve(key, ctx, iova, len, need)?)
+                let r = f(st.resolve(key, ctx, iova, len, need)?, mode(&st));
+                let blame = matches!(r, Err(AccessError::Fault(_))).then(|| (key, Arc::clone(mr)));
+                (r, blame)
             }
-            Entry::Mw(mw) if mw.key == key => mw.access(ctx, iova, len, need, f),
-            _ => Err(AccessError::InvalidKey(key)),
+            Entry::Mw(mw) if mw.key == key => {
+                let r = mw.access(ctx, iova, len, need, |p, st| f(p, mode(st)));
+                let blame = match (&r, &mw.binding) {
+                    (Err(AccessError::Fault(_)), Some(b)) => {
+                        Some((b.parent_key, Arc::clone(&b.parent)))
+                    }
+                    _ => None,
+                };
+                (r, blame)
+            }
+            _ => return Err(AccessError::InvalidKey(key)),
+        };
+        drop(g);
+        if let Some((lkey, mr)) = faulted {
+            self.note_fault(lkey, &mr);
         }
+        r
     }
 }
 
@@ -41,7 +70,7 @@ impl MemoryAccess for MemoryTable {
         len: u64,
         access: Access,
     ) -> Result<(), AccessError> {
-        self.with_target(ctx, key, iova, len, access, |_| Ok(()))
+        self.with_target(ctx, key, iova, len, access, |_, _| Ok(()))
     }
 
     fn write(
@@ -52,11 +81,11 @@ impl MemoryAccess for MemoryTable {
         data: &[u8],
         access: Access,
     ) -> Result<(), AccessError> {
-        self.with_target(ctx, key, iova, data.len() as u64, access, |p| {
+        self.with_target(ctx, key, iova, data.len() as u64, access, |p, m| {
             // SAFETY: `p..p+data.len()` was validated inside a live region whose memory stays
-            // valid while the guards taken by `with_target` are held.
-            unsafe { copy::copy_in(p, data) };
-            Ok(())
+            // valid while the guards taken by `with_target` are held (`Plain`), or is raw
+            // memory checked by the kernel (`Checked`).
+            unsafe { copy::place(m, p, data) }.map_err(|_| AccessError::Fault(key))
         })
     }
 
@@ -68,10 +97,9 @@ impl MemoryAccess for MemoryTable {
         out: &mut [u8],
         access: Access,
     ) -> Result<(), AccessError> {
-        self.with_target(ctx, key, iova, out.len() as u64, access, |p| {
+        self.with_target(ctx, key, iova, out.len() as u64, access, |p, m| {
             // SAFETY: as in `write`: a validated range of a live region, guards held.
-            unsafe { copy::copy_out(p, out) };
-            Ok(())
+            unsafe { copy::fetch(m, p, out) }.map_err(|_| AccessError::Fault(key))
         })
     }
 
@@ -82,12 +110,13 @@ impl MemoryAccess for MemoryTable {
         iova: u64,
         op: AtomicOp,
     ) -> Result<u64, AccessError> {
-        self.with_target(ctx, key, iova, 8, Access::REMOTE_ATOMIC, |p| {
+        self.with_target(ctx, key, iova, 8, Access::REMOTE_ATOMIC, |p, m| {
             if !iova.is_multiple_of(8) || !(p as usize).is_multiple_of(8) {
                 return Err(AccessError::Misaligned(iova));
             }
-            // SAFETY: 8 validated bytes of a live region, 8-byte aligned (checked just above).
-            Ok(unsafe { copy::atomic(p, op) })
+            // SAFETY: 8 validated bytes of a live region, 8-byte aligned (checked just above);
+            // for raw memory see `copy::atomic_in` for the one case it does not cover.
+            unsafe { copy::atomic_in(m, p, op) }.map_err(|_| AccessError::Fault(key))
         })
     }
 

@@ -4,8 +4,11 @@
 //! ([`MemoryTable::reg_mr`] with a [`MemSource`] of one of four kinds), binds windows and
 //! suspends/resumes regions; the transport reaches memory only through [`MemoryAccess`],
 //! which validates key, PD, QP, bounds, rights and state before every copy.
+//! Raw memory the application may unmap or move is copied with kernel-checked copies and
+//! watched for changes (see [`WatchMode`], [`RemapPolicy`], [`MemoryTable::take_invalidations`]).
 mod access;
 mod arena;
+mod coherence;
 mod copy;
 mod error;
 mod key;
@@ -18,10 +21,16 @@ mod pin;
 mod region;
 mod source;
 mod table;
+mod uffd;
+mod watch;
 mod window;
 
 pub use access::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
 pub use arena::PageSize;
+pub use coherence::{
+    INVALIDATION_QUEUE, Invalidation, InvalidationCause, InvalidationNotify, RawCopy,
+    RegionCoherence, RemapPolicy, WatchMode, WatchStatus,
+};
 pub use error::{MemError, PinLimitKind, RegError};
 pub use key::{KEY_TAG_BITS, MAX_KEY_INDEX, key_index, key_tag, make_key};
 pub use mr_ops::{MrInfo, Rereg};

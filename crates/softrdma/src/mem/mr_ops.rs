@@ -113,10 +113,14 @@ impl MemoryTable {
             Ok(p) => p,
             Err(e) => return Err(undo(RegError::new(e, backing.into_source()))),
         };
+        let raw = backing.is_raw();
         let state = MrState {
             pd,
             access,
             iova: choose_iova(access, iova, backing.ptr() as usize),
+            remap: backing
+                .remap_request()
+                .unwrap_or(self.coherence.default_remap),
             backing,
             pin,
             status: MrStatus::Valid,
@@ -125,7 +129,12 @@ impl MemoryTable {
         let mr = Arc::new(Mr {
             state: RwLock::new(state),
             windows: Default::default(),
+            faulted: Default::default(),
         });
+        if raw {
+            self.coherence
+                .watch(key, &mr, out.addr, out.length as usize);
+        }
         match self.slots.get(key_index(key) as usize) {
             Some(slot) => *write(slot) = Entry::Mr { key, mr },
             None => {
@@ -167,6 +176,7 @@ impl MemoryTable {
                 st.pd,
             )
         };
+        self.coherence.unwatch(lkey);
         self.pinner.unpin(pin);
         self.pds.release(pd);
         self.key_alloc().release(lkey);
@@ -256,7 +266,7 @@ impl MemoryTable {
             }
             let Some(src) = new else {
                 st.status = MrStatus::Valid;
-                return Ok(Returned::none());
+                return Ok((Returned::none(), false));
             };
             if src.len() != st.backing.len() {
                 let len = src.len() as u64;
@@ -279,12 +289,44 @@ impl MemoryTable {
                 Err(e) => return Err(RegError::new(e, backing.into_source())),
             };
             self.pinner.unpin(core::mem::replace(&mut st.pin, pin));
+            if let Some(p) = backing.remap_request() {
+                st.remap = p;
+            }
             let old = core::mem::replace(&mut st.backing, backing);
             st.status = MrStatus::Valid;
             tracing::debug!(key = lkey, "resume_mr with a new backing");
-            Ok(old.into_returned())
+            Ok((old.into_returned(), true))
         });
-        r.map_err(RegError::from)?
+        let (returned, moved) = r.map_err(RegError::from)??;
+        if moved {
+            self.rewatch(lkey);
+        }
+        Ok(returned)
+    }
+
+    /// Watch the region `lkey` anew after its backing changed (or it became valid again).
+    /// Call with no region lock held.
+    fn rewatch(&self, lkey: u32) {
+        self.coherence.unwatch(lkey);
+        let found = self.with_mr(lkey, |mr, st| {
+            mr.faulted.store(false, Ordering::Release);
+            Ok((
+                st.backing.is_raw(),
+                st.backing.ptr() as usize,
+                st.backing.len(),
+            ))
+        });
+        if let Ok((true, addr, len)) = found {
+            let g = self.slot(lkey).map(read);
+            if let Ok(g) = g
+                && let Entry::Mr { key, mr } = &*g
+                && *key == lkey
+            {
+                let mr = Arc::clone(mr);
+                drop(g);
+                self.coherence.watch(lkey, &mr, addr, len);
+            }
+        }
     }
 
     /// Re-register `lkey` (`ibv_rereg_mr`): new range, access or PD, keeping its keys. Waits
@@ -364,6 +406,9 @@ impl MemoryTable {
         let returned = match backing {
             Some(b) => {
                 st.iova = choose_iova(new_access, new_iova, b.ptr() as usize);
+                if let Some(p) = b.remap_request() {
+                    st.remap = p;
+                }
                 core::mem::replace(&mut st.backing, b).into_returned()
             }
             None => {
@@ -380,6 +425,10 @@ impl MemoryTable {
             st.status = MrStatus::Valid;
         }
         tracing::debug!(key = lkey, "rereg_mr");
-        Ok((info(lkey, &st), returned))
+        let out = info(lkey, &st);
+        drop(st);
+        drop(g);
+        self.rewatch(lkey);
+        Ok((out, returned))
     }
 }

@@ -183,6 +183,27 @@ impl Pinner {
             .store(pages.pages() << shift, Ordering::Relaxed);
     }
 
+    /// Release `span` after its pages `[gone.0, gone.1)` (page numbers) left their addresses
+    /// (unmapped, or moved by `mremap`, which carries their lock along): those are dropped
+    /// from the accounting without `munlock`; the others whose count drops to zero are
+    /// unlocked as [`unpin`](Self::unpin) does.
+    pub(crate) fn release(&self, span: Option<PinSpan>, gone: (u64, u64)) {
+        let Some(span) = span else { return };
+        let shift = self.page_shift;
+        let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        for (a, b) in pages.sub(span.first, span.end) {
+            for (x, y) in [(a, b.min(gone.0)), (a.max(gone.1), b)] {
+                if x < y
+                    && let Err(errno) = lock_pages(x << shift, (y - x) << shift, false)
+                {
+                    tracing::warn!(errno, start = x << shift, "munlock failed");
+                }
+            }
+        }
+        self.pinned_bytes
+            .store(pages.pages() << shift, Ordering::Relaxed);
+    }
+
     fn refuse(
         &self,
         asked: usize,

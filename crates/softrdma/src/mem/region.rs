@@ -1,11 +1,11 @@
 //! Memory regions: their state, the access-flag rules, and address translation.
 
 use std::sync::RwLock;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 
 use super::pin::PinSpan;
 use super::source::Backing;
-use super::{Access, AccessCtx, AccessError, MemError};
+use super::{Access, AccessCtx, AccessError, MemError, RemapPolicy};
 
 /// The rights a lookup can require (everything else in a request is ignored).
 pub(crate) const RIGHTS: u32 = Access::LOCAL_WRITE.0
@@ -86,6 +86,8 @@ pub(crate) struct MrState {
     pub(crate) backing: Backing,
     pub(crate) pin: Option<PinSpan>,
     pub(crate) status: MrStatus,
+    /// What an `mremap` of raw memory does to the region.
+    pub(crate) remap: RemapPolicy,
 }
 
 /// A memory region.
@@ -100,6 +102,8 @@ pub(crate) struct Mr {
     pub(crate) state: RwLock<MrState>,
     /// Windows bound to this region (deregistration is refused while non-zero).
     pub(crate) windows: AtomicU32,
+    /// An access faulted since the backing was set (reported once).
+    pub(crate) faulted: AtomicBool,
 }
 
 impl MrState {

@@ -6,7 +6,7 @@ use std::fs::File;
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::arena::{Arena, ArenaBuf, PageSize};
-use super::{MemError, RegError};
+use super::{MemError, RegError, RemapPolicy};
 
 /// Memory offered for registration.
 pub struct MemSource {
@@ -20,8 +20,13 @@ enum SourceKind {
         ptr: *mut u8,
         len: usize,
     },
-    /// Memory the caller vouches for (the C ABI's case).
-    Raw { ptr: *mut u8, len: usize },
+    /// Memory the caller vouches for (the C ABI's case), with the region's remap policy
+    /// (`None`: the device default).
+    Raw {
+        ptr: *mut u8,
+        len: usize,
+        remap: Option<RemapPolicy>,
+    },
     /// A range of a file (a memfd, like a dmabuf); the engine maps its own view.
     File { file: File, offset: u64, len: usize },
     /// Memory the device allocates from its arena.
@@ -37,7 +42,7 @@ impl core::fmt::Debug for MemSource {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match &self.kind {
             SourceKind::Owned { ptr, len, .. } => write!(f, "MemSource::Owned({ptr:p}, {len})"),
-            SourceKind::Raw { ptr, len } => write!(f, "MemSource::Raw({ptr:p}, {len})"),
+            SourceKind::Raw { ptr, len, .. } => write!(f, "MemSource::Raw({ptr:p}, {len})"),
             SourceKind::File { offset, len, .. } => write!(f, "MemSource::File(+{offset}, {len})"),
             SourceKind::Device { len, page } => write!(f, "MemSource::Device({len}, {page:?})"),
         }
@@ -60,14 +65,42 @@ impl MemSource {
 
     /// Raw memory at `ptr` of `len` bytes.
     ///
+    /// The engine copies raw memory with kernel-checked copies (unless the device is
+    /// configured with [`RawCopy::Plain`](super::RawCopy)), so if the application unmaps,
+    /// remaps or discards the pages while they are registered, accesses fail with
+    /// [`AccessError::Fault`](super::AccessError::Fault) or, once the coherence watcher has
+    /// seen the change, [`AccessError::Invalidated`](super::AccessError::Invalidated)
+    /// (or follow the move, see [`MemSource::remap_policy`]), instead of crashing. The one
+    /// exception is an atomic whose page is unmapped at the very moment it executes (see
+    /// docs/PERFORMANCE.md, "Registration coherence").
+    ///
     /// # Safety
     /// Until the region is deregistered (or given a new backing by `resume`/`rereg`), the
-    /// `len` bytes at `ptr` must stay mapped, readable and writable, and may be read and written
-    /// by the engine from any thread at any time. (Zero-length memory needs nothing.)
+    /// `len` bytes at `ptr` may be read and written by the engine from any thread at any time,
+    /// and no other memory may be mapped at those addresses while the region is still valid:
+    /// an access that runs after an unmap and before the watcher invalidates the region (or
+    /// with the watcher off) lands in whatever is mapped there by then. With
+    /// [`RawCopy::Plain`](super::RawCopy) the bytes must moreover stay mapped, readable and
+    /// writable. (Zero-length memory needs nothing.)
     pub unsafe fn raw(ptr: *mut u8, len: usize) -> MemSource {
         MemSource {
-            kind: SourceKind::Raw { ptr, len },
+            kind: SourceKind::Raw {
+                ptr,
+                len,
+                remap: None,
+            },
         }
+    }
+
+    /// Choose what happens to a raw region when the application moves its memory with
+    /// `mremap` (see [`RemapPolicy`]); the device default
+    /// ([`MemConfig::remap_policy`](super::MemConfig)) applies otherwise. Ignored for the
+    /// other kinds of memory, which the application cannot move.
+    pub fn remap_policy(mut self, policy: RemapPolicy) -> MemSource {
+        if let SourceKind::Raw { remap, .. } = &mut self.kind {
+            *remap = Some(policy);
+        }
+        self
     }
 
     /// `len` bytes at `offset` of `file` (opened read-write, e.g. a memfd), which the engine
@@ -109,10 +142,10 @@ impl MemSource {
                 len,
                 hold: Hold::Owned(obj),
             }),
-            SourceKind::Raw { ptr, len } => Ok(Backing {
+            SourceKind::Raw { ptr, len, remap } => Ok(Backing {
                 ptr: if len == 0 { dangling } else { ptr },
                 len,
-                hold: Hold::None,
+                hold: Hold::Raw(remap),
             }),
             SourceKind::File { file, offset, len } => {
                 if len == 0 {
@@ -153,7 +186,10 @@ impl MemSource {
 
 /// What keeps a backing's bytes alive.
 enum Hold {
-    None,
+    /// Nothing (a deregistered region).
+    Empty,
+    /// Nothing: raw memory the application keeps alive, with the remap policy it asked for.
+    Raw(Option<RemapPolicy>),
     Owned(Box<dyn Any + Send>),
     File(Option<MmapRaw>, File, u64),
     Device(ArenaBuf),
@@ -180,6 +216,23 @@ impl Backing {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+    /// True for raw memory (which the application may unmap or move under us).
+    pub(crate) fn is_raw(&self) -> bool {
+        matches!(self.hold, Hold::Raw(_)) && self.len > 0
+    }
+    /// The remap policy a raw source asked for.
+    pub(crate) fn remap_request(&self) -> Option<RemapPolicy> {
+        match self.hold {
+            Hold::Raw(p) => p,
+            _ => None,
+        }
+    }
+    /// Follow raw memory that moved to `ptr` (same length). No-op for other kinds.
+    pub(crate) fn rebase(&mut self, ptr: *mut u8) {
+        if self.is_raw() {
+            self.ptr = ptr;
+        }
+    }
     /// The memfd of device memory, if that is what this is.
     pub(crate) fn device_file(&self) -> Option<&File> {
         match &self.hold {
@@ -195,7 +248,7 @@ impl Backing {
                 drop(map);
                 Returned(Some(Box::new(file)))
             }
-            Hold::None | Hold::Device(_) => Returned(None),
+            Hold::Empty | Hold::Raw(_) | Hold::Device(_) => Returned(None),
         }
     }
 
@@ -208,9 +261,15 @@ impl Backing {
                 ptr: self.ptr,
                 len: self.len,
             },
-            Hold::None => SourceKind::Raw {
+            Hold::Empty => SourceKind::Raw {
+                ptr: self.ptr,
+                len: 0,
+                remap: None,
+            },
+            Hold::Raw(remap) => SourceKind::Raw {
                 ptr: self.ptr,
                 len: self.len,
+                remap,
             },
             Hold::File(map, file, offset) => {
                 drop(map);
@@ -230,7 +289,7 @@ impl Backing {
         Backing {
             ptr: core::ptr::NonNull::<u8>::dangling().as_ptr(),
             len: 0,
-            hold: Hold::None,
+            hold: Hold::Empty,
         }
     }
 }

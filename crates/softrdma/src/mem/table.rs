@@ -20,12 +20,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::arena::Arena;
+use super::copy::{CopyMode, checked_copy_available};
 use super::key::{KeyAllocator, MAX_KEY_INDEX, key_index};
 use super::pd::PdTable;
 use super::pin::{PinLimits, PinMode, Pinner};
 use super::region::Mr;
+use super::watch::Coherence;
 use super::window::Mw;
-use super::{Access, AccessError, MemError};
+use super::{Access, AccessError, MemError, RawCopy, RemapPolicy, WatchMode};
 
 /// Configuration of a device's memory subsystem. Every table is bounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +42,17 @@ pub struct MemConfig {
     pub max_pds: u32,
     /// Most bytes of device-allocated memory.
     pub max_device_bytes: u64,
+    /// Whether raw regions are watched for unmap, remap and discard (userfaultfd events).
+    pub watch: WatchMode,
+    /// What `mremap` does to a raw region that did not choose
+    /// ([`MemSource::remap_policy`](super::MemSource::remap_policy)).
+    pub remap_policy: RemapPolicy,
+    /// How raw regions are copied.
+    pub raw_copy: RawCopy,
+    /// Most regions watched at once (each watched range may split a mapping of the process
+    /// in up to three, and `vm.max_map_count` bounds mappings); further raw regions are
+    /// registered unwatched.
+    pub max_watched: u32,
 }
 
 impl Default for MemConfig {
@@ -50,6 +63,10 @@ impl Default for MemConfig {
             max_keys: 1 << 16,
             max_pds: 1 << 12,
             max_device_bytes: 4 << 30,
+            watch: WatchMode::On,
+            remap_policy: RemapPolicy::Invalidate,
+            raw_copy: RawCopy::Checked,
+            max_watched: 4096,
         }
     }
 }
@@ -69,6 +86,21 @@ pub struct MemStats {
     pub pin_refusals: u64,
     /// Bytes of device-allocated memory.
     pub device_bytes: u64,
+    /// Raw regions the watcher is watching.
+    pub watched_regions: u64,
+    /// Raw regions registered while the watcher was on that it could not watch (watcher
+    /// unavailable, mapping refused by `UFFDIO_REGISTER`, or `max_watched` reached).
+    pub unwatched_regions: u64,
+    /// userfaultfd events read (UNMAP, REMAP, REMOVE).
+    pub coherence_events: u64,
+    /// Regions invalidated by the watcher.
+    pub watch_invalidations: u64,
+    /// Regions that followed their memory to a new address.
+    pub remaps_followed: u64,
+    /// Accesses that failed with `Fault`.
+    pub access_faults: u64,
+    /// Invalidations that did not fit in the queue of `take_invalidations`.
+    pub invalidations_dropped: u64,
 }
 
 /// What a slot holds.
@@ -89,10 +121,13 @@ pub struct MemoryTable {
     pub(crate) slots: Box<[RwLock<Entry>]>,
     pub(crate) keys: Mutex<KeyAllocator>,
     pub(crate) pds: PdTable,
-    pub(crate) pinner: Pinner,
+    pub(crate) pinner: Arc<Pinner>,
     pub(crate) arena: Arena,
     pub(crate) regions: AtomicU64,
     pub(crate) windows: AtomicU64,
+    /// How raw regions are copied (config, downgraded to `Plain` if checked copies are refused).
+    pub(crate) raw_copy: CopyMode,
+    pub(crate) coherence: Coherence,
     config: MemConfig,
 }
 
@@ -130,11 +165,30 @@ impl MemoryTable {
         let slots = (0..=config.max_keys)
             .map(|_| RwLock::new(Entry::Free))
             .collect();
+        let raw_copy = match config.raw_copy {
+            RawCopy::Plain => CopyMode::Plain,
+            RawCopy::Checked if checked_copy_available() => CopyMode::Checked,
+            RawCopy::Checked => {
+                tracing::warn!(
+                    "process_vm_readv/writev refused: raw regions use plain copies, and an \
+                     unmap of registered memory can crash the process"
+                );
+                CopyMode::Plain
+            }
+        };
+        let pinner = Arc::new(Pinner::new(config.pin_mode, config.pin_quota));
         Ok(MemoryTable {
             slots,
             keys: Mutex::new(KeyAllocator::new(config.max_keys)),
             pds: PdTable::new(config.max_pds),
-            pinner: Pinner::new(config.pin_mode, config.pin_quota),
+            coherence: Coherence::new(
+                config.watch,
+                config.remap_policy,
+                config.max_watched,
+                Arc::clone(&pinner),
+            ),
+            raw_copy,
+            pinner,
             arena: Arena::new(config.max_device_bytes),
             regions: AtomicU64::new(0),
             windows: AtomicU64::new(0),
@@ -149,6 +203,7 @@ impl MemoryTable {
 
     /// Counters.
     pub fn stats(&self) -> MemStats {
+        let sh = &self.coherence.shared;
         MemStats {
             regions: self.regions.load(Ordering::Relaxed),
             windows: self.windows.load(Ordering::Relaxed),
@@ -156,6 +211,13 @@ impl MemoryTable {
             pinned_bytes: self.pinner.pinned_bytes(),
             pin_refusals: self.pinner.refusals(),
             device_bytes: self.arena.used(),
+            watched_regions: self.coherence.watched_count(),
+            unwatched_regions: sh.unwatched.load(Ordering::Relaxed),
+            coherence_events: sh.events.load(Ordering::Relaxed),
+            watch_invalidations: sh.invalidations.load(Ordering::Relaxed),
+            remaps_followed: sh.follows.load(Ordering::Relaxed),
+            access_faults: sh.faults.load(Ordering::Relaxed),
+            invalidations_dropped: sh.dropped.load(Ordering::Relaxed),
         }
     }
 

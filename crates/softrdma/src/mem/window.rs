@@ -54,7 +54,7 @@ impl Mw {
         iova: u64,
         len: u64,
         need: Access,
-        f: impl FnOnce(*mut u8) -> Result<R, AccessError>,
+        f: impl FnOnce(*mut u8, &super::region::MrState) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
         let key = self.key;
         if self.pd != ctx.pd {
@@ -89,7 +89,7 @@ impl Mw {
         match st.status {
             MrStatus::Invalidated => Err(AccessError::Invalidated(key)),
             MrStatus::Suspended => Err(AccessError::Suspended(key)),
-            MrStatus::Valid => f(st.host(b.parent_iova.wrapping_add(off))),
+            MrStatus::Valid => f(st.host(b.parent_iova.wrapping_add(off)), &st),
         }
     }
 
