@@ -5,5 +5,7 @@
 pub mod baseline;
 pub mod capture;
 pub mod decode;
+pub mod footprint;
 pub mod perf;
+pub mod plot;
 pub mod sample;

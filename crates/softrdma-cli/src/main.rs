@@ -71,6 +71,23 @@ enum Cmd {
         #[arg(long, default_value_t = 2.0)]
         amount: f64,
     },
+    /// Plot bandwidth over message size from JSON lines (perf --json, baseline) into an SVG.
+    Plot {
+        /// Input: JSON lines.
+        input: PathBuf,
+        /// Output SVG.
+        out: PathBuf,
+        /// Title.
+        #[arg(long, default_value = "RDMA WRITE bandwidth over loopback")]
+        title: String,
+    },
+    /// Report memory footprint: a device's baseline and each further QP's, from the resident
+    /// set size before and after creating them.
+    Footprint {
+        /// QPs to create for the per-QP figure.
+        #[arg(long, default_value_t = 256)]
+        qps: usize,
+    },
     /// Write the sample capture (every opcode, built by softrdma) to a file.
     Sample {
         /// Output file.
@@ -229,6 +246,23 @@ fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 let us = softrdma_cli::baseline::lat(size, (amount as usize).clamp(10, 1_000_000))?;
                 println!("{{\"baseline\": \"udp_lat\", \"size\": {size}, \"lat_us\": {us:.3}}}");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Plot { input, out, title } => {
+            let text = std::fs::read_to_string(&input)?;
+            let series = softrdma_cli::plot::series_from_jsonl(&text);
+            softrdma_cli::plot::bandwidth_svg(&series, &title, &out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Footprint { qps } => {
+            let f = softrdma_cli::footprint::measure(qps)?;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "device_baseline_bytes": f.device_bytes, "per_qp_bytes": f.per_qp_bytes,
+                    "per_qp_bound_bytes": f.per_qp_bound_bytes, "qps": qps,
+                })
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Sample { out } => {

@@ -1,18 +1,22 @@
 //! Completion channels (`ibv_create_comp_channel`), `ibv_get_cq_event`, `ibv_ack_cq_events`.
 //!
-//! A channel is an [`EventQueue`] of CQ pointers; `ch->fd` is its eventfd. Phase 2: a CQ
-//! created with this channel calls [`CompChannel::attach`] (and `detach` when destroyed), and
-//! when an armed CQ gets a completion the engine calls [`CompChannel::notify`].
+//! A channel is a `softrdma::verbs::CompChannel` of the context's engine: `ch->fd` is its
+//! eventfd (readable while events are pending, so poll/epoll work), and an armed CQ created
+//! with the channel fires it from the engine. The engine names the CQ that fired by its id;
+//! [`CompChannel::attach`] records which `ibv_cq` that is.
 
 use core::ffi::{c_int, c_void};
 use core::ptr::addr_of_mut;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use softrdma::verbs;
 
 use crate::abi::{ibv_comp_channel, ibv_context, ibv_cq};
 use crate::context::{Shared, shared_of};
 use crate::errno::{ffi_errno, ffi_minus1, ffi_ptr, guard};
-use crate::events::{EventQueue, count_events};
+use crate::events::count_events;
 use crate::registry::{self, Kind};
 
 /// A completion channel: the C struct first, then ours.
@@ -22,17 +26,16 @@ pub struct CompChannel {
     pub ch: ibv_comp_channel,
     /// The context it belongs to.
     pub shared: Arc<Shared>,
-    /// CQs whose completions were signalled and not yet taken by `ibv_get_cq_event`.
-    pub events: EventQueue<*mut ibv_cq>,
-    /// CQs using this channel (a channel with CQs cannot be destroyed: EBUSY).
-    pub cqs: AtomicU32,
+    /// The engine's channel.
+    pub vch: verbs::CompChannel,
+    /// CQs using this channel, by engine CQ id (a channel with CQs cannot be destroyed).
+    cqs: Mutex<HashMap<u64, usize>>,
 }
 
 impl core::fmt::Debug for CompChannel {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CompChannel")
             .field("fd", &self.ch.fd)
-            .field("events", &self.events)
             .finish()
     }
 }
@@ -47,24 +50,47 @@ impl CompChannel {
         registry::contains(ch, Kind::CompChannel).then(|| unsafe { &*ch.cast::<CompChannel>() })
     }
 
-    /// A CQ now reports to this channel.
-    pub fn attach(&self) {
-        self.cqs.fetch_add(1, Ordering::AcqRel);
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, usize>> {
+        self.cqs.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A CQ no longer reports to this channel; its undelivered events are dropped.
-    pub fn detach(&self, cq: *mut ibv_cq) {
-        self.events.retain(|c| *c != cq);
-        self.cqs.fetch_sub(1, Ordering::AcqRel);
+    /// The CQ `cq` (engine id `id`) now reports to this channel.
+    pub fn attach(&self, id: u64, cq: *mut ibv_cq) {
+        self.map().insert(id, cq as usize);
     }
 
-    /// An armed CQ of this channel got a completion: queue it for `ibv_get_cq_event`.
-    pub fn notify(&self, cq: *mut ibv_cq) {
-        self.events.push(cq);
+    /// The CQ with engine id `id` is being destroyed: its pending events are ignored.
+    pub fn detach(&self, id: u64) {
+        self.map().remove(&id);
+    }
+
+    /// Number of CQs using the channel.
+    pub fn cq_count(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Wait for the next event of a live CQ (EAGAIN at once if the application made the fd
+    /// non-blocking and none is pending).
+    fn next_cq(&self) -> Result<*mut ibv_cq, c_int> {
+        // SAFETY: F_GETFL on our own fd.
+        let fl = unsafe { libc::fcntl(self.ch.fd, libc::F_GETFL) };
+        let timeout = (fl >= 0 && fl & libc::O_NONBLOCK != 0).then_some(Duration::ZERO);
+        loop {
+            let id = self
+                .vch
+                .get_event(timeout)
+                .map_err(|e| e.errno())?
+                .ok_or(libc::EAGAIN)?;
+            if let Some(cq) = self.map().get(&id) {
+                return Ok(*cq as *mut ibv_cq);
+            }
+            // An event of a CQ destroyed meanwhile: skip it.
+        }
     }
 }
 
-/// `ibv_create_comp_channel`: NULL with errno EINVAL (not an open context), EMFILE, ENOMEM.
+/// `ibv_create_comp_channel`: NULL with errno EINVAL (not an open context), EMFILE, ENOMEM,
+/// or the errno of opening the device's engine.
 ///
 /// # Safety
 /// None beyond the C API's: any pointer is accepted.
@@ -74,16 +100,28 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
     ffi_ptr(|| {
         // SAFETY: the C API forbids closing the context concurrently.
         let shared = unsafe { shared_of(context) }?;
-        let events = EventQueue::new()?;
+        let vch = shared
+            .verbs()?
+            .create_comp_channel()
+            .map_err(|e| e.errno())?;
+        // The fd starts blocking, as libibverbs' does: `ibv_get_cq_event` waits unless the
+        // application sets O_NONBLOCK (then EAGAIN when nothing is pending).
+        // SAFETY: F_GETFL/F_SETFL on the channel's own fd.
+        unsafe {
+            let fl = libc::fcntl(vch.fd(), libc::F_GETFL);
+            if fl >= 0 {
+                libc::fcntl(vch.fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+            }
+        }
         let ch = Box::new(CompChannel {
             ch: ibv_comp_channel {
                 context,
-                fd: events.fd(),
+                fd: vch.fd(),
                 refcnt: 0,
             },
             shared,
-            events,
-            cqs: AtomicU32::new(0),
+            vch,
+            cqs: Mutex::new(HashMap::new()),
         });
         let p = Box::into_raw(ch).cast::<ibv_comp_channel>();
         registry::insert(p, Kind::CompChannel);
@@ -102,7 +140,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         }
         // SAFETY: the registry let exactly this caller claim a live CompChannel.
         let ch = unsafe { &*channel.cast::<CompChannel>() };
-        if ch.cqs.load(Ordering::Acquire) > 0 {
+        if ch.cq_count() > 0 {
             registry::insert(channel, Kind::CompChannel);
             return Err(libc::EBUSY);
         }
@@ -113,7 +151,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
 }
 
 /// `ibv_get_cq_event`: wait for a completion event on `channel` (EAGAIN if the application
-/// made the fd non-blocking and none is queued); `*cq` and `*cq_context` receive the CQ and
+/// made the fd non-blocking and none is pending); `*cq` and `*cq_context` receive the CQ and
 /// its context. 0, or -1 with errno.
 ///
 /// # Safety
@@ -129,8 +167,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         }
         // SAFETY: the C API forbids destroying the channel while a thread waits on it.
         let ch = unsafe { CompChannel::from_ibv(channel) }.ok_or(libc::EINVAL)?;
-        let c = ch.events.wait()?;
-        // SAFETY: queued CQs are live: a CQ's destroy drops its events first (`detach`).
+        let c = ch.next_cq()?;
+        // SAFETY: attached CQs are live: a CQ's destroy detaches it first.
         let ctx = unsafe { (*c).cq_context };
         // SAFETY: both out-pointers are non-NULL and writable per the contract.
         unsafe {

@@ -2,7 +2,7 @@
 //!
 //! Memory layout of one opened context (one heap block, [`Context`]):
 //! ```text
-//!   +0    verbs_context: 39 extended-op slots, sz          (all NULL in phase 1)
+//!   +0    verbs_context: 39 extended-op slots, sz          (all NULL)         
 //!   +320  ibv_context: device, ops (32 slots), cmd_fd, async_fd, ..., abi_compat = NULL
 //!   +648  Arc<Shared>: the device, the memory table, the async event queue
 //! ```
@@ -11,11 +11,18 @@
 //! (`ibv_query_device_ex` and `ibv_query_port` fall back to the exported functions;
 //! `ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ... fail with EOPNOTSUPP).
 //! To serve extended verbs later, fill `vctx.ops` and set `abi_compat` to `UINTPTR_MAX`.
+//!
+//! The engine behind a context is a `softrdma::verbs::Device`, opened on first use (the first
+//! PD, CQ or completion channel), so `ibv_devinfo` never binds the RoCEv2 port. All contexts
+//! of one device in a process share one engine ([`engine_for`]): a device is one address and
+//! one UDP port.
 
 use core::ffi::c_int;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
-use softrdma::mem::{MemConfig, MemoryTable, PinMode};
+use softrdma::mem::PinMode;
+use softrdma::verbs;
 
 use crate::abi::{
     CompatSlot, VERBS_CONTEXT_OPS, ibv_async_event, ibv_context, ibv_context_ops, verbs_context,
@@ -31,10 +38,98 @@ use crate::registry::{self, Kind};
 pub struct Shared {
     /// The device the context was opened on.
     pub dev: &'static Device,
-    /// Registered memory of this context. Phase 2: the verbs `Device` owns it instead.
-    pub mem: MemoryTable,
+    /// The engine, once opened ([`Shared::verbs`]).
+    engine: OnceLock<verbs::Device>,
     /// Async events (`ibv_get_async_event`); its fd is `ctx->async_fd`.
     pub async_events: EventQueue<ibv_async_event>,
+}
+
+impl Shared {
+    /// The verbs device behind this context, opened on first use (errno of the failure,
+    /// e.g. `EADDRINUSE` when another process already is this device).
+    pub fn verbs(&self) -> Result<&verbs::Device, c_int> {
+        if let Some(d) = self.engine.get() {
+            return Ok(d);
+        }
+        let d = engine_for(self.dev)?;
+        if let Err(d) = self.engine.set(d) {
+            // Another thread of this context won the race; give our reference back.
+            drop(d);
+            release_engine(self.dev);
+        }
+        self.engine.get().ok_or(libc::EIO)
+    }
+
+    /// Queue an async event (`ibv_get_async_event`).
+    pub fn async_event(&self, event: ibv_async_event) {
+        self.async_events.push(event);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.engine.take().is_some() {
+            release_engine(self.dev);
+        }
+    }
+}
+
+/// Engines in use in this process, by device name, with their number of users.
+static ENGINES: LazyLock<Mutex<HashMap<String, (verbs::Device, usize)>>> =
+    LazyLock::new(Default::default);
+
+/// The engine of `dev`, opening it if no context of this process uses it yet.
+fn engine_for(dev: &'static Device) -> Result<verbs::Device, c_int> {
+    let mut g = ENGINES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((d, users)) = g.get_mut(&dev.cfg.name) {
+        *users += 1;
+        return Ok(d.clone());
+    }
+    let mut cfg = verbs::DeviceConfig::new(std::net::IpAddr::V4(dev.cfg.addr));
+    cfg.mode = poll_mode();
+    cfg.pin_mode = pin_mode();
+    cfg.active_mtu = verbs::Mtu::ALL
+        .into_iter()
+        .find(|m| *m as i32 == dev.cfg.active_mtu)
+        .unwrap_or(verbs::Mtu::Mtu1024);
+    let d = verbs::Device::open(cfg).map_err(|e| {
+        let errno = e.errno();
+        eprintln!(
+            "softrdma: cannot open {} ({}): {e}",
+            dev.cfg.name, dev.cfg.addr
+        );
+        errno
+    })?;
+    g.insert(dev.cfg.name.clone(), (d.clone(), 1));
+    Ok(d)
+}
+
+/// A context stopped using the engine of `dev`; the last one stops it.
+fn release_engine(dev: &'static Device) {
+    let mut g = ENGINES.lock().unwrap_or_else(PoisonError::into_inner);
+    let last = match g.get_mut(&dev.cfg.name) {
+        Some((_, users)) => {
+            *users -= 1;
+            *users == 0
+        }
+        None => false,
+    };
+    if last {
+        // Dropping the last handle stops the engine and closes its socket; under the lock, so
+        // that a context opening the device again meanwhile binds only after the close.
+        drop(g.remove(&dev.cfg.name));
+    }
+}
+
+/// The engine's polling mode from `SOFTRDMA_POLL`: `busy` (the default: `ibv_poll_cq`
+/// receives and processes packets in the calling thread, and the engine thread steps in
+/// when nobody polls, so `ibv_get_cq_event` users are served too) or `blocking` (only the
+/// engine thread receives; less CPU, more latency).
+pub fn poll_mode() -> verbs::PollMode {
+    match std::env::var("SOFTRDMA_POLL").as_deref() {
+        Ok("blocking") => verbs::PollMode::Blocking,
+        _ => verbs::PollMode::BusyPoll,
+    }
 }
 
 /// One opened context. `#[repr(C)]` so that `vctx` (and the `ibv_context` at its end) is
@@ -67,7 +162,7 @@ pub const CONTEXT_OFFSET: usize =
     core::mem::offset_of!(Context, vctx) + core::mem::offset_of!(verbs_context, context);
 
 /// The pinning policy from `SOFTRDMA_PIN` (`pinned`, the default, or `on-demand`).
-fn pin_mode() -> PinMode {
+pub fn pin_mode() -> PinMode {
     match std::env::var("SOFTRDMA_PIN").as_deref() {
         Ok("on-demand") | Ok("odp") => PinMode::OnDemand,
         _ => PinMode::Pinned,
@@ -76,7 +171,7 @@ fn pin_mode() -> PinMode {
 
 /// The data-path operation table (`ctx->ops`).
 pub fn ops() -> ibv_context_ops {
-    use crate::pending as p;
+    use crate::{cq, mw, post};
     ibv_context_ops {
         _compat_query_device: None,
         _compat_query_port: None,
@@ -85,12 +180,12 @@ pub fn ops() -> ibv_context_ops {
         _compat_reg_mr: None,
         _compat_rereg_mr: None,
         _compat_dereg_mr: None,
-        alloc_mw: Some(p::alloc_mw),
-        bind_mw: Some(p::bind_mw),
-        dealloc_mw: Some(p::dealloc_mw),
+        alloc_mw: Some(mw::alloc_mw),
+        bind_mw: Some(mw::bind_mw),
+        dealloc_mw: Some(mw::dealloc_mw),
         _compat_create_cq: None,
-        poll_cq: Some(p::poll_cq),
-        req_notify_cq: Some(p::req_notify_cq),
+        poll_cq: Some(cq::poll_cq),
+        req_notify_cq: Some(cq::req_notify_cq),
         _compat_cq_event: None,
         _compat_resize_cq: None,
         _compat_destroy_cq: None,
@@ -98,13 +193,13 @@ pub fn ops() -> ibv_context_ops {
         _compat_modify_srq: None,
         _compat_query_srq: None,
         _compat_destroy_srq: None,
-        post_srq_recv: Some(p::post_srq_recv),
+        post_srq_recv: Some(post::post_srq_recv),
         _compat_create_qp: None,
         _compat_query_qp: None,
         _compat_modify_qp: None,
         _compat_destroy_qp: None,
-        post_send: Some(p::post_send),
-        post_recv: Some(p::post_recv),
+        post_send: Some(post::post_send),
+        post_recv: Some(post::post_recv),
         _compat_create_ah: None,
         _compat_destroy_ah: None,
         _compat_attach_mcast: None,
@@ -116,16 +211,11 @@ pub fn ops() -> ibv_context_ops {
 impl Context {
     /// Open a context on `dev`; the C pointer to hand out.
     pub fn open(dev: &'static Device) -> Result<*mut ibv_context, c_int> {
-        let config = MemConfig {
-            pin_mode: pin_mode(),
-            ..MemConfig::default()
-        };
-        let mem = MemoryTable::new(config).map_err(|e| crate::errno::mem_errno(&e))?;
         let async_events = EventQueue::new()?;
         let async_fd = async_events.fd();
         let shared = Arc::new(Shared {
             dev,
-            mem,
+            engine: OnceLock::new(),
             async_events,
         });
         let ctx = Box::new(Context {

@@ -10,23 +10,29 @@
 //!
 //! Modules: [`abi`] (struct mirrors, layout table), [`config`] (which devices exist),
 //! [`device`] (discovery, open/close), [`query`] (device, port, GID, P_Key), [`mr`] (PDs and
-//! regions), [`channel`] and [`events`] (completion channels, async events), [`pending`]
-//! (verbs phase 2 backs with the engine), [`exports`] (symbols and version nodes).
+//! regions), [`channel`] and [`events`] (completion channels, async events), [`cq`], [`qp`],
+//! [`srq`], [`ah`], [`mw`] and [`post`] (the rest of the verbs, over `softrdma::verbs`),
+//! [`exports`] (symbols and version nodes).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
 pub mod abi;
+pub mod ah;
 pub mod channel;
 pub mod config;
 pub mod context;
+pub mod cq;
 pub mod device;
 pub mod errno;
 pub mod events;
 pub mod exports;
 pub mod limits;
 pub mod mr;
-pub mod pending;
+pub mod mw;
+pub mod post;
+pub mod qp;
 pub mod query;
 pub mod registry;
+pub mod srq;
 pub mod strings;
 pub mod sysfs;

@@ -1,13 +1,18 @@
-//! Protection domains and memory regions, over the context's `softrdma::mem::MemoryTable`.
+//! Protection domains and memory regions: `softrdma::verbs::Pd` and `Mr` of the context's
+//! engine (re-registration goes to the engine's memory table directly).
 //!
 //! An `ibv_pd` is the C head of a [`Pd`] (its `handle` is the memory table's PD handle); an
 //! `ibv_mr` is the C head of an [`Mr`] (`lkey == rkey == handle`, the memory table's key).
-//! The registered bytes are the application's: `MemSource::raw`.
+//! The registered bytes are the application's: `MemSource::raw`. A PD counts the objects
+//! made from it (regions, windows, QPs, SRQs, AHs): `ibv_dealloc_pd` is EBUSY while any
+//! remains, as with a kernel driver.
 
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use softrdma::mem::{Access, MemSource, Rereg};
+use softrdma::verbs;
 
 use crate::abi::*;
 use crate::context::{Shared, shared_of};
@@ -21,6 +26,10 @@ pub struct Pd {
     pub pd: ibv_pd,
     /// The context it belongs to.
     pub shared: Arc<Shared>,
+    /// The engine's PD.
+    pub vpd: verbs::Pd,
+    /// Objects made from this PD and not yet destroyed.
+    pub users: AtomicU32,
 }
 
 impl core::fmt::Debug for Pd {
@@ -40,6 +49,16 @@ impl Pd {
         // SAFETY: registered PD pointers point to a live Pd (C struct first).
         registry::contains(pd, Kind::Pd).then(|| unsafe { &*pd.cast::<Pd>() })
     }
+
+    /// One more object uses this PD.
+    pub fn hold(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An object made from this PD is gone.
+    pub fn release(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A memory region: the C struct first, then ours.
@@ -49,6 +68,10 @@ pub struct Mr {
     pub mr: ibv_mr,
     /// The context it belongs to.
     pub shared: Arc<Shared>,
+    /// The engine's region (taken when deregistered).
+    pub vmr: Option<verbs::Mr>,
+    /// The PD it counts against (changes with `IBV_REREG_MR_CHANGE_PD`).
+    pub owner: core::cell::Cell<*const Pd>,
 }
 
 impl core::fmt::Debug for Mr {
@@ -80,10 +103,15 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
     ffi_ptr(|| {
         // SAFETY: the C API forbids closing the context concurrently.
         let shared = unsafe { shared_of(context) }?;
-        let handle = shared.mem.alloc_pd().map_err(|e| mem_errno(&e))?;
+        let vpd = shared.verbs()?.alloc_pd().map_err(|e| e.errno())?;
         let p = Box::into_raw(Box::new(Pd {
-            pd: ibv_pd { context, handle },
+            pd: ibv_pd {
+                context,
+                handle: vpd.handle(),
+            },
             shared,
+            vpd,
+            users: AtomicU32::new(0),
         }))
         .cast::<ibv_pd>();
         registry::insert(p, Kind::Pd);
@@ -102,9 +130,9 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         }
         // SAFETY: claimed from the registry: a live Pd only this caller holds.
         let p = unsafe { &*pd.cast::<Pd>() };
-        if let Err(e) = p.shared.mem.dealloc_pd(p.pd.handle) {
+        if p.users.load(Ordering::Acquire) > 0 {
             registry::insert(pd, Kind::Pd);
-            return Err(mem_errno(&e));
+            return Err(libc::EBUSY);
         }
         // SAFETY: claimed above; it came from Box::into_raw.
         drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
@@ -130,11 +158,12 @@ fn reg(
     // is not mapped is refused when pinned (mlock fails: EFAULT); unpinned it faults on
     // access, like ODP memory.
     let src = unsafe { MemSource::raw(addr.cast(), length) };
-    let info = p
-        .shared
-        .mem
-        .reg_mr(p.pd.handle, src, Access(access), iova)
-        .map_err(|e| mem_errno(&e.error))?;
+    let vmr = p
+        .vpd
+        .reg_mr(src, Access(access), iova)
+        .map_err(|e| e.errno())?;
+    let info = vmr.info();
+    p.hold();
     let m = Box::into_raw(Box::new(Mr {
         mr: ibv_mr {
             context: p.pd.context,
@@ -146,6 +175,8 @@ fn reg(
             rkey: info.rkey,
         },
         shared: p.shared.clone(),
+        vmr: Some(vmr),
+        owner: core::cell::Cell::new(p),
     }))
     .cast::<ibv_mr>();
     registry::insert(m, Kind::Mr);
@@ -223,14 +254,21 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if !registry::remove(mr, Kind::Mr) {
             return Err(libc::EINVAL);
         }
-        // SAFETY: claimed from the registry: a live Mr only this caller holds.
-        let m = unsafe { &*mr.cast::<Mr>() };
-        if let Err(e) = m.shared.mem.dereg_mr(m.mr.lkey) {
+        // SAFETY: claimed from the registry: a live Mr (from Box::into_raw) only this caller
+        // holds.
+        let mut m = unsafe { Box::from_raw(mr.cast::<Mr>()) };
+        if let Some(v) = m.vmr.take()
+            && let Err((v, e)) = v.dereg()
+        {
+            // Windows are bound to it (they hold the region): it stays registered.
+            m.vmr = Some(v);
+            let _ = Box::into_raw(m);
             registry::insert(mr, Kind::Mr);
-            return Err(mem_errno(&e));
+            return Err(e.errno());
         }
-        // SAFETY: claimed above; it came from Box::into_raw.
-        drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+        // SAFETY: the owner PD cannot be deallocated while this region counts against it.
+        unsafe { (*m.owner.get()).release() };
+        drop(m);
         Ok(())
     })
 }
@@ -299,7 +337,10 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
                 change.access = Some(Access(access as u32));
             }
-            match m.shared.mem.rereg_mr(m.mr.lkey, change) {
+            let Ok(dev) = m.shared.verbs() else {
+                return input(libc::EINVAL);
+            };
+            match dev.mem().rereg_mr(m.mr.lkey, change) {
                 Ok(_) => {
                     let c = mr;
                     // SAFETY: a live region only this call modifies (the C API forbids
@@ -311,6 +352,10 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                         }
                         if let Some(p) = new_pd {
                             (*c).pd = p;
+                            (*m.owner.get()).release();
+                            let np = p.cast::<Pd>();
+                            (*np).hold();
+                            m.owner.set(np);
                         }
                     }
                     0

@@ -1,12 +1,12 @@
 //! Misuse of the C entry points, called directly (the rlib), and the completion channel's
-//! event path that phase 2's CQs will drive.
+//! bookkeeping (the full event path runs in tests/c/datapath.c).
 
 use core::ffi::c_void;
 use core::ptr::null_mut;
 use std::sync::Once;
 
 use ibverbs::abi::*;
-use ibverbs::channel::{self, CompChannel};
+use ibverbs::channel;
 use ibverbs::errno::errno;
 use ibverbs::{device as dv, mr, query as q};
 
@@ -68,15 +68,9 @@ fn null_and_foreign_pointers_are_einval() {
         assert!(channel::ibv_create_comp_channel(null_mut()).is_null());
         channel::ibv_ack_cq_events(junk_ptr.cast(), 3);
         dv::ibv_free_device_list(junk_ptr.cast());
-        assert_eq!(
-            ibverbs::pending::ibv_destroy_cq(junk_ptr.cast()),
-            libc::EINVAL
-        );
-        assert_eq!(
-            ibverbs::pending::ibv_destroy_qp(junk_ptr.cast()),
-            libc::EINVAL
-        );
-        assert_eq!(ibverbs::pending::ibv_destroy_srq(null_mut()), libc::EINVAL);
+        assert_eq!(ibverbs::cq::ibv_destroy_cq(junk_ptr.cast()), libc::EINVAL);
+        assert_eq!(ibverbs::qp::ibv_destroy_qp(junk_ptr.cast()), libc::EINVAL);
+        assert_eq!(ibverbs::srq::ibv_destroy_srq(null_mut()), libc::EINVAL);
     }
     assert!(
         junk.iter().all(|w| *w == 0),
@@ -139,7 +133,7 @@ fn pd_mr_lifecycle_and_errors() {
 #[test]
 fn completion_channel_delivers_events_through_its_fd() {
     let ctx = open(0);
-    // SAFETY: live context; the fake CQ below outlives its events.
+    // SAFETY: live contexts, channel and CQ, each destroyed once.
     unsafe {
         let ch = channel::ibv_create_comp_channel(ctx);
         assert!(!ch.is_null());
@@ -150,28 +144,29 @@ fn completion_channel_delivers_events_through_its_fd() {
             revents: 0,
         };
         assert_eq!(libc::poll(&mut pfd, 1, 0), 0);
-        // What phase 2's CQ does: attach, then notify when armed and a completion arrives.
-        let mut cq: ibv_cq = core::mem::zeroed();
-        cq.cq_context = 0x1234 as *mut c_void;
-        let c = CompChannel::from_ibv(ch).unwrap();
-        c.attach();
+        // A CQ on the channel: the channel is busy until the CQ is gone.
+        let cq = ibverbs::cq::ibv_create_cq(ctx, 8, 0x1234 as *mut c_void, ch, 0);
+        assert!(!cq.is_null());
+        assert_eq!((*cq).channel, ch);
         assert_eq!(channel::ibv_destroy_comp_channel(ch), libc::EBUSY);
-        c.notify(&mut cq);
-        assert_eq!(libc::poll(&mut pfd, 1, 1000), 1);
+        assert_eq!(libc::poll(&mut pfd, 1, 0), 0);
         let mut got: *mut ibv_cq = null_mut();
         let mut got_ctx: *mut c_void = null_mut();
-        assert_eq!(channel::ibv_get_cq_event(ch, &mut got, &mut got_ctx), 0);
-        assert_eq!(got, &mut cq as *mut ibv_cq);
-        assert_eq!(got_ctx as usize, 0x1234);
-        assert_eq!(libc::poll(&mut pfd, 1, 0), 0);
         // Non-blocking fd and nothing queued: EAGAIN, as libibverbs.
         let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(fl & libc::O_NONBLOCK, 0, "the fd starts blocking");
         libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
         assert_eq!(channel::ibv_get_cq_event(ch, &mut got, &mut got_ctx), -1);
         assert_eq!(errno(), libc::EAGAIN);
         assert_eq!(channel::ibv_get_cq_event(ch, null_mut(), &mut got_ctx), -1);
         assert_eq!(errno(), libc::EINVAL);
-        c.detach(&mut cq);
+        // A CQ of another context cannot use this channel.
+        let other = open(1);
+        assert!(ibverbs::cq::ibv_create_cq(other, 8, null_mut(), ch, 0).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(dv::ibv_close_device(other), 0);
+        assert_eq!(ibverbs::cq::ibv_destroy_cq(cq), 0);
+        assert_eq!(ibverbs::cq::ibv_destroy_cq(cq), libc::EINVAL);
         assert_eq!(channel::ibv_destroy_comp_channel(ch), 0);
         assert_eq!(dv::ibv_close_device(ctx), 0);
     }

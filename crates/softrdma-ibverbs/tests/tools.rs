@@ -1,9 +1,10 @@
-//! Debian's rdma-core tools and perftest against the built libraries (acceptance 1 and, in
-//! phase 1, "they load and fail cleanly" for 2 and 3).
+//! Debian's rdma-core tools and perftest against the built libraries (acceptance 1, 2, 3 and
+//! the C side of 5). Each test uses its own loopback addresses and TCP ports, and every
+//! process is killed after a timeout.
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{assert_clean_exit, lib_dir, on_softrdma, tool};
@@ -83,74 +84,139 @@ fn devices_and_bad_config() {
     );
 }
 
-/// Run a server and a client of `tool_name` on two loopback addresses; both must exit
-/// cleanly (phase 1: with an error at CQ creation) within the timeout.
-fn server_client(tool_name: &str, gid_flag: &str, port: u16) {
-    let mut server = on_softrdma(tool_name, "softrdma0=127.0.0.1")
-        .args(["-d", "softrdma0", gid_flag, "0", "-p", &port.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let client = on_softrdma(tool_name, "softrdma1=127.0.0.2")
-        .args([
-            "-d",
-            "softrdma1",
-            gid_flag,
-            "0",
-            "-p",
-            &port.to_string(),
-            "127.0.0.1",
-        ])
-        .output()
-        .unwrap();
-    assert_clean_exit(&format!("{tool_name} client"), &client);
+/// Wait for `child` at most `limit`; kill it if it is still running then.
+fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     let start = Instant::now();
-    while server.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = server.kill();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
             break;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let out = server.wait_with_output().unwrap();
-    assert_clean_exit(&format!("{tool_name} server"), &out);
-    // Phase 1: no CQs yet, so both sides stop with an error exit status.
-    assert!(!client.status.success(), "{tool_name} client succeeded?");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&client.stdout),
-        String::from_utf8_lossy(&client.stderr)
-    );
+    child.wait_with_output().unwrap()
+}
+
+/// Server and client of `tool_name` in two processes on two loopback addresses (server
+/// `softrdma0=<server_ip>`, client `softrdma0=<client_ip>`), each bounded by a timeout;
+/// both must exit 0. Returns (server stdout, client stdout).
+fn server_client(
+    tool_name: &str,
+    (server_ip, client_ip): (&str, &str),
+    args: &[&str],
+    port: u16,
+) -> (String, String) {
+    let port = port.to_string();
+    let spawn = |ip: &str, peer: Option<&str>| {
+        let mut c = on_softrdma(tool_name, &format!("softrdma0={ip}"));
+        c.env("SOFTRDMA_PIN", "on-demand")
+            .args(["-d", "softrdma0", "-p", &port])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(p) = peer {
+            c.arg(p);
+        }
+        c.spawn().unwrap()
+    };
+    let server = spawn(server_ip, None);
+    std::thread::sleep(Duration::from_millis(400));
+    let client = wait_bounded(spawn(client_ip, Some(server_ip)), Duration::from_secs(60));
+    let server = wait_bounded(server, Duration::from_secs(10));
+    let what = format!("{tool_name} {}", args.join(" "));
+    let text = |o: &Output| {
+        format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert_clean_exit(&format!("{what} (client)"), &client);
+    assert_clean_exit(&format!("{what} (server)"), &server);
     assert!(
-        all.contains("CQ"),
-        "{tool_name} client did not stop at CQ creation:\n{all}"
+        client.status.success() && server.status.success(),
+        "{what}: client {:?}\n{}\nserver {:?}\n{}",
+        client.status,
+        text(&client),
+        server.status,
+        text(&server)
     );
+    (
+        String::from_utf8_lossy(&server.stdout).into_owned(),
+        String::from_utf8_lossy(&client.stdout).into_owned(),
+    )
 }
 
+/// Acceptance 2: `ibv_rc_pingpong` with the GID (`-g 0`), 1 B to 64 KiB, polling and event
+/// mode (`-e`).
 #[test]
-fn rc_pingpong_loads_and_fails_cleanly() {
-    server_client("ibv_rc_pingpong", "-g", 18601);
-}
-
-#[test]
-fn perftest_loads_and_fails_cleanly() {
-    for (i, t) in [
-        "ib_write_bw",
-        "ib_read_bw",
-        "ib_send_bw",
-        "ib_atomic_bw",
-        "ib_write_lat",
-        "ib_read_lat",
-        "ib_send_lat",
-        "ib_atomic_lat",
-    ]
-    .iter()
-    .enumerate()
-    {
-        server_client(t, "-x", 18610 + i as u16);
+fn rc_pingpong_transfers() {
+    let ips = ("127.0.0.12", "127.0.0.11");
+    let mut port = 18601;
+    for size in ["1", "4096", "65536"] {
+        for event in [false, true] {
+            let mut args = vec!["-g", "0", "-s", size, "-n", "200"];
+            if event {
+                args.push("-e");
+            }
+            let (server, client) = server_client("ibv_rc_pingpong", ips, &args, port);
+            port += 1;
+            let bytes = format!("{} bytes in", 2 * 200 * size.parse::<u64>().unwrap());
+            for (who, out) in [("server", &server), ("client", &client)] {
+                assert!(
+                    out.contains(&bytes) && out.contains("200 iters in"),
+                    "ibv_rc_pingpong {args:?} {who}: no transfer report:\n{out}"
+                );
+                assert!(out.contains("GID ::ffff:127.0.0.11"), "{out}");
+            }
+        }
     }
+}
+
+/// Acceptance 3: perftest with its defaults (TCP exchange, `-x 0`); every run prints its
+/// table.
+#[test]
+fn perftest_runs() {
+    let ips = ("127.0.0.22", "127.0.0.21");
+    let runs: &[(&str, &[&str], &str)] = &[
+        ("ib_write_bw", &["-n", "500"], "BW average"),
+        ("ib_read_bw", &["-n", "500"], "BW average"),
+        ("ib_send_bw", &["-n", "500"], "BW average"),
+        (
+            "ib_atomic_bw",
+            &["-n", "500", "-A", "FETCH_AND_ADD"],
+            "BW average",
+        ),
+        (
+            "ib_atomic_bw",
+            &["-n", "500", "-A", "CMP_AND_SWAP"],
+            "BW average",
+        ),
+        ("ib_write_lat", &["-n", "500"], "t_avg"),
+        ("ib_read_lat", &["-n", "500"], "t_avg"),
+        ("ib_send_lat", &["-n", "500"], "t_avg"),
+    ];
+    for (i, (t, extra, header)) in runs.iter().enumerate() {
+        let mut args = vec!["-x", "0"];
+        args.extend_from_slice(extra);
+        let (_, client) = server_client(t, ips, &args, 18620 + i as u16);
+        let row = client
+            .lines()
+            .skip_while(|l| !l.contains(header))
+            .nth(1)
+            .unwrap_or("");
+        assert!(
+            row.split_whitespace().nth(1) == Some("500")
+                || row.split_whitespace().nth(1) == Some("1000"),
+            "{t} {extra:?}: no result row:\n{client}"
+        );
+    }
+}
+
+/// Acceptance 5: the data path misused and used through verbs.h (tests/c/datapath.c).
+#[test]
+fn c_api_datapath_and_misuse() {
+    run_c("datapath.c", "softrdma0=127.0.0.51,softrdma1=127.0.0.52");
 }
 
 #[test]
@@ -181,15 +247,21 @@ fn every_tool_loads_with_bind_now() {
 /// The C API as a C program sees it: verbs.h's inline wrappers and macros, our library.
 #[test]
 fn c_api_misuse_returns_documented_errors() {
-    let dir = std::env::temp_dir().join(format!("softrdma-capi-{}", std::process::id()));
+    run_c("misuse.c", TWO);
+}
+
+/// Compile `tests/c/<file>` against verbs.h and our library and run it with `devices`; it
+/// must print "ALL OK" within a minute.
+fn run_c(file: &str, devices: &str) {
+    let dir = std::env::temp_dir().join(format!("softrdma-capi-{}-{file}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("misuse");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/misuse.c");
+    let exe = dir.join("prog");
+    let src = format!("{}/tests/c/{file}", env!("CARGO_MANIFEST_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .args(["-std=gnu11", "-Wall", "-o"])
         .arg(&exe)
-        .arg(src)
+        .arg(&src)
         .arg(format!("-L{}", lib_dir().display()))
         .arg("-l:libibverbs.so.1")
         .output()
@@ -199,16 +271,21 @@ fn c_api_misuse_returns_documented_errors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let run = Command::new(&exe)
+    let child = Command::new(&exe)
         .env("LD_LIBRARY_PATH", lib_dir())
-        .env("SOFTRDMA_DEVICES", TWO)
-        .output()
+        .env("SOFTRDMA_DEVICES", devices)
+        .env("SOFTRDMA_PIN", "on-demand")
+        .env_remove("SOFTRDMA_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert_clean_exit("misuse.c", &run);
+    let run = wait_bounded(child, Duration::from_secs(60));
+    assert_clean_exit(file, &run);
     let text = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && text.contains("ALL OK"),
-        "misuse.c:\n{text}\n{}",
+        "{file}:\n{text}\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -111,8 +111,9 @@ impl QpCell {
             body: Mutex::new(QpBody {
                 qp,
                 peer: None,
-                // Room for one GSO datagram of MTU-sized packets, plus acks.
-                tx: TxBatch::new(64, (max * 48).max(MAX_DATAGRAM)),
+                // Room for one full GSO datagram plus a packet (the arena is zero pages until
+                // used, so small-MTU QPs that never fill it do not pay for it).
+                tx: TxBatch::new(64, MAX_DATAGRAM + max),
                 deltas: Vec::with_capacity(4),
                 acks_only: true,
             }),
@@ -244,6 +245,11 @@ impl Engine {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&qpn)
+    }
+
+    /// QPs registered.
+    pub fn qp_count(&self) -> usize {
+        self.qps.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// True if a QP with this number exists.

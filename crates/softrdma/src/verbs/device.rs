@@ -237,6 +237,12 @@ impl Device {
         &self.inner.engine.counters
     }
 
+    /// The memory table (regions, windows, keys) this device's engine checks every access
+    /// against; for callers that manage regions beyond [`Pd::reg_mr`] (re-registration).
+    pub fn mem(&self) -> &Arc<MemoryTable> {
+        self.inner.engine.mem()
+    }
+
     /// Memory counters.
     pub fn mem_stats(&self) -> crate::mem::MemStats {
         self.inner.engine.mem().stats()

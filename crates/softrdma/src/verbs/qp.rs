@@ -67,6 +67,12 @@ pub fn random_psn() -> u32 {
 impl Qp {
     pub(crate) fn create(pd: &Pd, attr: &QpInitAttr) -> Result<Qp, VerbsError> {
         let engine = pd.device().engine();
+        let max_qp = pd.device().query_device().max_qp as usize;
+        if engine.qp_count() >= max_qp {
+            return Err(VerbsError::NoResources(format!(
+                "the device has {max_qp} QPs already"
+            )));
+        }
         let srq_id = attr.srq.as_ref().map(|s| s.id());
         // Unpredictable QP numbers (not 0 or 1, which are special in InfiniBand).
         let mut qpn = 0;
