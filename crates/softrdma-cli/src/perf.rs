@@ -721,8 +721,10 @@ impl Progress {
         }
     }
     fn update(&mut self, done: u64, total: u64) {
+        use std::io::IsTerminal;
         let now = Instant::now();
-        if now.duration_since(self.start) < Duration::from_secs(1)
+        if !std::io::stderr().is_terminal()
+            || now.duration_since(self.start) < Duration::from_secs(1)
             || now.duration_since(self.last) < Duration::from_millis(250)
         {
             return;

@@ -246,7 +246,8 @@ fn unmap_during_copies(watch: WatchMode) {
                     };
                     started.fetch_add(1, Ordering::SeqCst);
                     match r {
-                        Ok(()) => {}
+                        // `Suspended`: faulted while the watcher had the event unread; retry.
+                        Ok(()) | Err(AccessError::Suspended(_)) => {}
                         Err(AccessError::Fault(_) | AccessError::Invalidated(_)) => return r,
                         Err(e) => panic!("unexpected {e}"),
                     }

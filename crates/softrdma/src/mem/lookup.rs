@@ -53,6 +53,16 @@ impl MemoryTable {
             }
             _ => return Err(AccessError::InvalidKey(key)),
         };
+        // A fault while the watcher has an unread event (checked with the guard still held, so
+        // the event cannot have been applied yet) is the window between a move or unmap and
+        // the watcher's reaction: report the region as changing, not faulted, so the transport
+        // answers RNR NAK and the retry meets the region followed or invalidated.
+        let (r, faulted) = match (&r, faulted) {
+            (Err(AccessError::Fault(_)), Some(_)) if self.coherence.event_pending() => {
+                (Err(AccessError::Suspended(key)), None)
+            }
+            (_, faulted) => (r, faulted),
+        };
         drop(g);
         if let Some((lkey, mr)) = faulted {
             self.note_fault(lkey, &mr);

@@ -136,6 +136,24 @@ impl Coherence {
         }
     }
 
+    /// True when the watcher has an event to read: a thread of the application is inside an
+    /// `munmap`/`mremap`/`madvise` of watched memory, waiting for the watcher. Called on the
+    /// (rare) fault path with a region guard held, which keeps the watcher from reading the
+    /// event meanwhile (it takes every watched region's write lock first).
+    pub(crate) fn event_pending(&self) -> bool {
+        let Some(Ok(s)) = self.started.get() else {
+            return false;
+        };
+        let mut p = libc::pollfd {
+            fd: s.uffd.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one live pollfd; a zero timeout never blocks.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 1 && p.revents & libc::POLLIN != 0
+    }
+
     pub(crate) fn watched_count(&self) -> u64 {
         lock(&self.shared.registry).regions.len() as u64
     }

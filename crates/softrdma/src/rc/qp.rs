@@ -139,6 +139,13 @@ impl Qp {
     pub fn counters(&self) -> &QpCounters {
         &self.counters
     }
+    /// Set the send window: the most unacknowledged PSNs in flight, 1 to 2^22 (default
+    /// [`super::MAX_INFLIGHT_PSNS`], as rxe). A wider window keeps a fast path full between
+    /// acknowledgements; go-back-N then resends more after a loss.
+    pub fn set_send_window(&mut self, psns: u32) {
+        self.send.max_inflight = psns.clamp(1, 1 << 22) as i32;
+    }
+
     /// Size a transmit buffer must have: path MTU plus headers, pad and ICRC.
     pub fn max_packet_len(&self) -> usize {
         self.attr.path_mtu.bytes() as usize + MAX_OVERHEAD

@@ -2,12 +2,12 @@
 //!
 //! Segmentation to the path MTU, PSN assignment, the AckReq policy (last packet of every
 //! message, every [`ACK_REQ_EVERY`] packets of a long one, and every READ/atomic request),
-//! the window of [`MAX_INFLIGHT_PSNS`] unacknowledged PSNs, the `max_rd_atomic` limit,
+//! the send window of unacknowledged PSNs (default [`super::MAX_INFLIGHT_PSNS`]), the `max_rd_atomic` limit,
 //! fences, and local operations (LOCAL_INV, BIND_MW) executed in queue order.
 
+use super::ACK_REQ_EVERY;
 use super::sq::{SendSide, SendWqe};
 use super::wr::{SendFlags, WcStatus, WrOpcode};
-use super::{ACK_REQ_EVERY, MAX_INFLIGHT_PSNS};
 use crate::mem::{Access, AccessCtx, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
@@ -114,7 +114,7 @@ impl SendSide {
                 continue;
             }
             let psn = w.first_psn.add(self.req_pkt);
-            if psn.diff(self.comp_psn) >= MAX_INFLIGHT_PSNS {
+            if psn.diff(self.comp_psn) >= self.max_inflight {
                 return ReqOutput::Idle;
             }
             let force_ack = self.noack + 1 >= ACK_REQ_EVERY;

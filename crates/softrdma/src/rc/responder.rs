@@ -118,7 +118,8 @@ pub(super) fn map_err(e: AccessError) -> Option<NakCode> {
     match e {
         AccessError::Suspended(_) => None,
         AccessError::Misaligned(_) => Some(NakCode::InvalidRequest),
-        AccessError::Fault(_) => Some(NakCode::RemoteOperationalError),
+        // The R_Key names memory that vanished (unmapped behind the registration before the
+        // watcher saw it): an access violation, as for an invalidated region (docs/COHERENCE.md).
         _ => Some(NakCode::RemoteAccessError),
     }
 }

@@ -150,6 +150,8 @@ pub struct SendSide {
     pub sent_end: Psn,
     /// Packets sent since the last AckReq.
     pub noack: u32,
+    /// Most unacknowledged PSNs in flight (the send window).
+    pub max_inflight: i32,
     /// Set when a WQE failed locally: start nothing more.
     pub halted: bool,
     // --- completer ---
@@ -191,6 +193,7 @@ impl SendSide {
             next_psn: Psn::new(0),
             sent_end: Psn::new(0),
             noack: 0,
+            max_inflight: super::MAX_INFLIGHT_PSNS,
             halted: false,
             comp_psn: Psn::new(0),
             retry_left: 7,

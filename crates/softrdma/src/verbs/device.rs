@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{Cq, Pd, VerbsError};
-use crate::mem::{MemConfig, MemoryTable, PinMode};
+use crate::mem::{MemConfig, MemoryTable, PinMode, RawCopy, RemapPolicy, WatchMode};
 use crate::net::engine::{self, Engine, PollMode};
 use crate::net::{ChannelCore, PortOptions, UdpPort};
 use crate::rc::Mtu;
@@ -30,6 +30,17 @@ pub struct DeviceConfig {
     /// Coalesce consecutive packets to one peer into UDP GSO datagrams (the kernel segments
     /// them; segment k carries IPv4 identification k, which the ICRC accounts for).
     pub gso: bool,
+    /// Whether raw regions are watched for `munmap`, `mremap` and `madvise` (userfaultfd;
+    /// docs/COHERENCE.md says what it needs and what happens without it).
+    pub watch: WatchMode,
+    /// What `mremap` does to raw regions that did not choose (`MemSource::remap_policy`).
+    pub remap_policy: RemapPolicy,
+    /// How raw regions are copied: kernel-checked (an unmapped page fails the access) or plain.
+    pub raw_copy: RawCopy,
+    /// Send window of each QP: most unacknowledged packets in flight. Linux rxe keeps 128;
+    /// softrdma defaults to 1024 (4 MiB at path MTU 4096) so a fast path stays full between
+    /// acknowledgements.
+    pub send_window: u32,
 }
 
 impl DeviceConfig {
@@ -44,6 +55,10 @@ impl DeviceConfig {
             active_mtu: Mtu::Mtu4096,
             socket_buffer: 8 << 20,
             gso: true,
+            watch: WatchMode::On,
+            remap_policy: RemapPolicy::Invalidate,
+            raw_copy: RawCopy::Checked,
+            send_window: 1024,
         }
     }
 }
@@ -140,6 +155,9 @@ impl Device {
         )?;
         let mem = Arc::new(MemoryTable::new(MemConfig {
             pin_mode: cfg.pin_mode,
+            watch: cfg.watch,
+            remap_policy: cfg.remap_policy,
+            raw_copy: cfg.raw_copy,
             ..MemConfig::default()
         })?);
         let engine = Arc::new(Engine::new(port, mem, cfg.mode, cfg.gso)?);
@@ -151,6 +169,11 @@ impl Device {
                 thread,
             }),
         })
+    }
+
+    /// The configuration the device was opened with.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.inner.cfg
     }
 
     /// The device address.

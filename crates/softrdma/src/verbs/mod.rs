@@ -34,7 +34,9 @@ pub use mr::{Mr, Mw, Pd};
 pub use qp::{Qp, QpInitAttr, random_psn};
 pub use srq::Srq;
 
-pub use crate::mem::{Access, MemSource, MwType, PageSize, PinMode};
+pub use crate::mem::{
+    Access, MemSource, MwType, PageSize, PinMode, RawCopy, RemapPolicy, WatchMode,
+};
 pub use crate::net::PollMode;
 pub use crate::rc::{
     Mtu, QpAttr, QpAttrMask, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,

@@ -86,13 +86,14 @@ impl Qp {
         if qpn == 0 {
             return Err(VerbsError::NoResources("no free QP number".into()));
         }
-        let qp = rc::Qp::new(rc::QpInit {
+        let mut qp = rc::Qp::new(rc::QpInit {
             qp_num: qpn,
             pd: pd.handle(),
             cap: attr.cap,
             srq: srq_id,
             sq_sig_all: attr.sq_sig_all,
         })?;
+        qp.set_send_window(pd.device().config().send_window);
         let cell = Arc::new(QpCell::new(
             qp,
             pd.handle(),
