@@ -324,6 +324,18 @@ impl Engine {
         pending
     }
 
+    /// Move a QP's completions to its CQs without transmitting (after a post that cannot
+    /// produce packets, such as a receive: acknowledgements waiting in the batch then still
+    /// leave with the QP's next request).
+    pub fn drain_completions(&self, cell: &QpCell, body: &mut QpBody) {
+        while let Some(wc) = body.qp.poll_send_completion() {
+            cell.send_cq.push(wc);
+        }
+        while let Some(wc) = body.qp.poll_recv_completion() {
+            cell.recv_cq.push(wc);
+        }
+    }
+
     /// Send the acknowledgements left queued by deferred drives.
     fn flush_pending(&self, rx: &mut RxState) {
         for cell in rx.pending.drain(..) {
@@ -498,22 +510,18 @@ impl Engine {
 
     /// Fire due timers of every QP; returns the earliest deadline still pending.
     pub fn run_timers(&self) -> Option<u64> {
-        let cells: Vec<Arc<QpCell>> = self
-            .qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect();
         let mut next: Option<u64> = None;
-        for cell in cells {
+        // QP bodies are locked under the table's read lock; no path takes the table's write
+        // lock while holding a body, so this cannot deadlock.
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let now = self.now();
+        for cell in qps.values() {
             let mut body = cell.lock();
-            let now = self.now();
             if let Some(t) = body.qp.poll_timeout()
                 && t <= now
             {
                 body.qp.handle_timeout(now);
-                self.drive(&cell, &mut body, now);
+                self.drive(cell, &mut body, now);
             }
             if let Some(t) = body.qp.poll_timeout() {
                 next = Some(next.map_or(t, |n: u64| n.min(t)));

@@ -438,6 +438,7 @@ pub struct RxBatch {
     hdrs: Vec<libc::mmsghdr>,
     segs: Vec<u16>,
     count: usize,
+    prepared: bool,
 }
 
 impl std::fmt::Debug for RxBatch {
@@ -489,10 +490,22 @@ impl RxBatch {
             hdrs: vec![unsafe { zeroed() }; datagrams],
             segs: vec![0; datagrams],
             count: 0,
+            prepared: false,
         }
     }
 
     fn prepare(&mut self) {
+        if self.prepared {
+            // The pointers still hold (they point into this batch's heap vectors, which do not
+            // move); the kernel changed only the lengths and flags of the entries it filled.
+            for h in &mut self.hdrs[..self.count] {
+                h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_hdr.msg_controllen = CMSG_SPACE;
+                h.msg_hdr.msg_flags = 0;
+                h.msg_len = 0;
+            }
+            return;
+        }
         for i in 0..self.hdrs.len() {
             let buf = &mut self.bufs[i * self.buf_len..(i + 1) * self.buf_len];
             self.iovs[i] = libc::iovec {
@@ -509,6 +522,7 @@ impl RxBatch {
             h.msg_flags = 0;
             self.hdrs[i].msg_len = 0;
         }
+        self.prepared = true;
     }
 
     fn finish(&mut self) {

@@ -274,7 +274,8 @@ impl Device {
     /// Receive and process queued packets in this thread (what `Cq::poll` does in busy-poll
     /// mode). Returns the packets processed.
     pub fn progress(&self) -> usize {
-        self.inner.engine.progress(true)
+        // Timers are the engine thread's; a poller only receives.
+        self.inner.engine.progress(false)
     }
 
     pub(crate) fn engine(&self) -> &Arc<Engine> {

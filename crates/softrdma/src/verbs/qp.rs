@@ -240,8 +240,7 @@ impl Qp {
         let mut body = self.cell.lock();
         body.qp.post_recv(wr)?;
         // In the error state the receive completes at once (flushed): move it to the CQ.
-        let now = engine.now();
-        engine.drive(&self.cell, &mut body, now);
+        engine.drain_completions(&self.cell, &mut body);
         Ok(())
     }
 
