@@ -107,3 +107,42 @@ fn write_then_send_with_imm_over_udp() {
         assert_eq!(c.rx_bad.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 }
+
+/// A local work request whose region is suspended waits (no error) and goes on after resume.
+#[test]
+fn local_wr_waits_for_a_suspended_region() {
+    let (a, b) = pair(24793, PollMode::Blocking);
+    let src =
+        a.pd.reg_buffer(vec![9u8; 8192], Access::LOCAL_WRITE)
+            .unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; 8192], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    src.suspend().unwrap();
+    let sge = [src.sge(0, 8192)];
+    a.qp.post_send(
+        &SendWr::new(
+            5,
+            WrOpcode::RdmaWrite {
+                remote_addr: dst.iova(),
+                rkey: dst.rkey(),
+            },
+        )
+        .sg(&sge),
+    )
+    .unwrap();
+    let early = a.cq.wait(1, Duration::from_millis(100));
+    assert!(
+        early.is_empty(),
+        "the WRITE must wait while its source is suspended: {early:?}"
+    );
+    assert_eq!(
+        dst.to_vec().unwrap(),
+        vec![0u8; 8192],
+        "nothing is sent while suspended"
+    );
+    src.resume(None).unwrap();
+    let w = one(&a.cq);
+    assert_eq!((w.wr_id, w.status), (5, WcStatus::Success));
+    assert_eq!(dst.to_vec().unwrap(), vec![9u8; 8192]);
+}

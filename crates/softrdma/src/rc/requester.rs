@@ -8,7 +8,7 @@
 use super::ACK_REQ_EVERY;
 use super::sq::{SendSide, SendWqe};
 use super::wr::{SendFlags, WcStatus, WrOpcode};
-use crate::mem::{Access, AccessCtx, MemoryAccess};
+use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
     AtomicEthRepr, BthRepr, HeaderRepr, Headers, IcrcContext, OpKind, Opcode, Position, Psn,
@@ -90,10 +90,18 @@ impl SendSide {
                     }
                     continue;
                 }
-                if let Err(st) = check_local(w, actx, mem) {
-                    self.sq.get_mut(seq).done = Some(st);
-                    self.halted = true;
-                    return ReqOutput::Idle;
+                match check_local(w, actx, mem) {
+                    Ok(()) => {}
+                    Err(LocalErr::Wait) => {
+                        // A local region is suspended: wait, as for an RNR NAK, and look again.
+                        self.rnr_deadline = Some(now + LOCAL_SUSPEND_WAIT_NS);
+                        return ReqOutput::Idle;
+                    }
+                    Err(LocalErr::Fail(st)) => {
+                        self.sq.get_mut(seq).done = Some(st);
+                        self.halted = true;
+                        return ReqOutput::Idle;
+                    }
                 }
                 let (mtu, first) = (self.mtu, self.next_psn);
                 let w = self.sq.get_mut(seq);
@@ -142,13 +150,42 @@ impl SendSide {
                     }
                     return ReqOutput::Packet(n);
                 }
-                Err(st) => {
+                Err(LocalErr::Wait) => {
+                    self.rnr_deadline = Some(now + LOCAL_SUSPEND_WAIT_NS);
+                    return ReqOutput::Idle;
+                }
+                Err(LocalErr::Fail(st)) => {
                     self.sq.get_mut(seq).done = Some(st);
                     self.halted = true;
                     return ReqOutput::Idle;
                 }
             }
         }
+    }
+}
+
+/// How long a requester waits before looking again at a suspended local region.
+pub const LOCAL_SUSPEND_WAIT_NS: u64 = 50_000;
+
+/// Why a request could not be built from local memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LocalErr {
+    /// The work request fails with this status.
+    Fail(WcStatus),
+    /// A local region is suspended: the request waits (nothing was consumed).
+    Wait,
+}
+
+impl From<WcStatus> for LocalErr {
+    fn from(st: WcStatus) -> LocalErr {
+        LocalErr::Fail(st)
+    }
+}
+
+fn local_err(e: AccessError) -> LocalErr {
+    match e {
+        AccessError::Suspended(_) => LocalErr::Wait,
+        _ => LocalErr::Fail(WcStatus::LocProtErr),
     }
 }
 
@@ -176,7 +213,7 @@ fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> WcStat
 
 /// Check the local SGEs of a WQE before it starts: readable for SEND/WRITE, writable for
 /// READ and atomics.
-fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(), WcStatus> {
+fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(), LocalErr> {
     if w.use_inline {
         return Ok(());
     }
@@ -188,7 +225,7 @@ fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(
     for s in w.sges.as_slice() {
         if s.length > 0 {
             mem.check(actx, s.lkey, s.addr, u64::from(s.length), access)
-                .map_err(|_| WcStatus::LocProtErr)?;
+                .map_err(local_err)?;
         }
     }
     Ok(())
@@ -207,7 +244,7 @@ fn build_request(
     mem: &dyn MemoryAccess,
     icrc: &IcrcContext,
     buf: &mut [u8],
-) -> Result<(usize, bool, u32), WcStatus> {
+) -> Result<(usize, bool, u32), LocalErr> {
     let off = u64::from(idx) * u64::from(mtu);
     let pos = position(idx, w.npkts);
     let (kind, extra, reth) = match w.op {
@@ -230,7 +267,7 @@ fn build_request(
                 dma_len: remaining as u32,
             });
             h.bth.ack_req = true;
-            let n = emit_sealed(&h, 0, icrc, buf, |_| Ok(()))?;
+            let n = emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?;
             return Ok((n, true, w.npkts - idx));
         }
         WrOpcode::AtomicCmpAndSwp {
@@ -247,7 +284,11 @@ fn build_request(
                 compare,
             });
             h.bth.ack_req = true;
-            return Ok((emit_sealed(&h, 0, icrc, buf, |_| Ok(()))?, true, 1));
+            return Ok((
+                emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?,
+                true,
+                1,
+            ));
         }
         WrOpcode::AtomicFetchAndAdd {
             remote_addr,
@@ -262,9 +303,15 @@ fn build_request(
                 compare: 0,
             });
             h.bth.ack_req = true;
-            return Ok((emit_sealed(&h, 0, icrc, buf, |_| Ok(()))?, true, 1));
+            return Ok((
+                emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?,
+                true,
+                1,
+            ));
         }
-        WrOpcode::LocalInv { .. } | WrOpcode::BindMw { .. } => return Err(WcStatus::LocQpOpErr),
+        WrOpcode::LocalInv { .. } | WrOpcode::BindMw { .. } => {
+            return Err(WcStatus::LocQpOpErr.into());
+        }
     };
     let extra = if pos.ends() { extra } else { Headers::NONE };
     let opcode = Opcode::find(Transport::Rc, kind, pos, extra).ok_or(WcStatus::LocQpOpErr)?;
@@ -307,26 +354,27 @@ fn build_request(
         });
         match ok {
             Ok(true) => Ok(()),
-            _ => Err(WcStatus::LocProtErr),
+            Ok(false) => Err(LocalErr::Fail(WcStatus::LocProtErr)),
+            Err(e) => Err(local_err(e)),
         }
     })?;
     Ok((n, ack_req, 1))
 }
 
 /// Emit headers, let `fill` write `plen` payload bytes behind them, then pad and seal.
-pub(crate) fn emit_sealed(
+pub(crate) fn emit_sealed<E: From<WcStatus>>(
     h: &HeaderRepr,
     plen: usize,
     icrc: &IcrcContext,
     buf: &mut [u8],
-    fill: impl FnOnce(&mut [u8]) -> Result<(), WcStatus>,
-) -> Result<usize, WcStatus> {
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<usize, E> {
     let mut h = *h;
     h.bth.pad_cnt = pad_for(plen);
     let hl = h.emit(buf).map_err(|_| WcStatus::LocLenErr)?;
     if buf.len() < hl + plen {
-        return Err(WcStatus::LocLenErr);
+        return Err(WcStatus::LocLenErr.into());
     }
     fill(&mut buf[hl..hl + plen])?;
-    seal(icrc, buf, hl, plen).map_err(|_| WcStatus::LocLenErr)
+    Ok(seal(icrc, buf, hl, plen).map_err(|_| WcStatus::LocLenErr)?)
 }

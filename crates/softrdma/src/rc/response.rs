@@ -28,7 +28,7 @@ impl RecvSide {
                 let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
                 h.aeth = Some(AethRepr { syndrome, msn });
                 self.resp.pop_front();
-                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
+                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok())
             }
             Response::Atomic { psn, orig, msn } => {
                 let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, psn));
@@ -39,7 +39,7 @@ impl RecvSide {
                 h.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                 self.resp.pop_front();
                 self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
-                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok(())).ok())
+                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok())
             }
             Response::Read {
                 psn,
