@@ -528,62 +528,66 @@ fn bw_client(
     let cq_mod = (depth / 4).clamp(1, 64);
     let mut posted = 0u64;
     let mut done = 0u64;
-    let mut outstanding_signaled = 0u64;
     let mut wc = [EMPTY_WC; 64];
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(300);
     while done < iters {
-        // Keep `depth` requests in flight; every cq_mod-th (and the last) is signaled.
+        // Keep `depth` requests in flight; every cq_mod-th (and the last) is signaled. Requests
+        // go in lists of up to 16 per post (a doorbell is a system call here, as perftest's
+        // --post_list batches them for hardware).
+        let sge = [c.mr.sge(0, size as u32)];
         while posted < iters && posted - done < depth {
-            let signaled = posted % cq_mod == cq_mod - 1 || posted + 1 == iters;
-            let flags = if signaled {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::NONE
-            };
-            let sge = [c.mr.sge(0, size as u32)];
-            let op = match test {
-                Test::WriteBw => WrOpcode::RdmaWrite {
-                    remote_addr: peer.vaddr,
-                    rkey: peer.rkey,
-                },
-                Test::ReadBw => WrOpcode::RdmaRead {
-                    remote_addr: peer.vaddr,
-                    rkey: peer.rkey,
-                },
-                Test::SendBw => WrOpcode::Send,
-                Test::AtomicBw if opts.cas => WrOpcode::AtomicCmpAndSwp {
-                    remote_addr: peer.vaddr,
-                    rkey: peer.rkey,
-                    compare: posted,
-                    swap: posted + 1,
-                },
-                _ => WrOpcode::AtomicFetchAndAdd {
-                    remote_addr: peer.vaddr,
-                    rkey: peer.rkey,
-                    add: 1,
-                },
-            };
-            match c
-                .qp
-                .post_send(&SendWr::new(posted, op).sg(&sge).flags(flags))
-            {
-                Ok(()) => {}
-                Err(softrdma::verbs::VerbsError::Post(softrdma::rc::PostError::QueueFull)) => break,
-                Err(e) => return Err(e.into()),
+            let mut list: [Option<SendWr<'_>>; 16] = [None; 16];
+            let mut k = 0;
+            while k < 16 && posted + (k as u64) < iters && posted + (k as u64) - done < depth {
+                let id = posted + k as u64;
+                let signaled = id % cq_mod == cq_mod - 1 || id + 1 == iters;
+                let flags = if signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::NONE
+                };
+                let op = match test {
+                    Test::WriteBw => WrOpcode::RdmaWrite {
+                        remote_addr: peer.vaddr,
+                        rkey: peer.rkey,
+                    },
+                    Test::ReadBw => WrOpcode::RdmaRead {
+                        remote_addr: peer.vaddr,
+                        rkey: peer.rkey,
+                    },
+                    Test::SendBw => WrOpcode::Send,
+                    Test::AtomicBw if opts.cas => WrOpcode::AtomicCmpAndSwp {
+                        remote_addr: peer.vaddr,
+                        rkey: peer.rkey,
+                        compare: id,
+                        swap: id + 1,
+                    },
+                    _ => WrOpcode::AtomicFetchAndAdd {
+                        remote_addr: peer.vaddr,
+                        rkey: peer.rkey,
+                        add: 1,
+                    },
+                };
+                list[k] = Some(SendWr::new(id, op).sg(&sge).flags(flags));
+                k += 1;
             }
-            if signaled {
-                outstanding_signaled += 1;
+            let wrs: Vec<SendWr<'_>> = list[..k].iter().flatten().copied().collect();
+            match c.qp.post_send_list(&wrs) {
+                Ok(()) => posted += k as u64,
+                Err((i, softrdma::verbs::VerbsError::Post(softrdma::rc::PostError::QueueFull))) => {
+                    posted += i as u64;
+                    break;
+                }
+                Err((_, e)) => return Err(e.into()),
             }
-            posted += 1;
         }
         let n = c.cq.poll(&mut wc);
         for w in &wc[..n] {
             check(w)?;
             // A signaled completion retires every WR before it (completions are in order).
             done = (w.wr_id + 1).max(done);
-            outstanding_signaled = outstanding_signaled.saturating_sub(1);
         }
         if n == 0 {
             if Instant::now() > deadline {

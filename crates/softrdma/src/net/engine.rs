@@ -163,6 +163,10 @@ impl std::fmt::Debug for RxState {
 
 const RX_BATCH: usize = 32;
 
+/// In busy-poll mode, pollers count as active for this long (ns) after their last progress
+/// call; meanwhile the engine thread only runs timers.
+const POLLER_ACTIVE: u64 = 100_000;
+
 impl Engine {
     /// An engine on a bound port.
     pub fn new(
@@ -545,7 +549,6 @@ impl Engine {
             let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
             // In busy-poll mode pollers receive; the thread steps in only when nobody has
             // polled for a while, and otherwise sleeps instead of competing for packets.
-            const POLLER_ACTIVE: u64 = 100_000;
             let watch_socket = match self.mode {
                 PollMode::Blocking => true,
                 PollMode::BusyPoll => {
@@ -569,7 +572,16 @@ impl Engine {
             let nfds = if watch_socket { 1 } else { 0 };
             // SAFETY: `p` is one valid pollfd (ignored when nfds is 0) and `ts` a valid timeout.
             unsafe { libc::ppoll(&mut p, nfds, &ts, std::ptr::null()) };
-            if let Ok(mut rx) = self.rx.try_lock() {
+            // Receive only when it is this thread's turn: always in blocking mode, and in
+            // busy-poll mode once pollers have gone quiet (competing with an active poller
+            // only adds lock hand-offs and reorders nothing for the better).
+            let pollers_quiet = self
+                .now()
+                .saturating_sub(self.last_poll.load(Ordering::Relaxed))
+                > POLLER_ACTIVE;
+            if (self.mode == PollMode::Blocking || pollers_quiet)
+                && let Ok(mut rx) = self.rx.try_lock()
+            {
                 // Progress without marking a poller active.
                 self.receive(&mut rx, false);
             }
