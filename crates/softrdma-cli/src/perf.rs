@@ -712,6 +712,7 @@ pub struct Progress {
     last: Instant,
     label: String,
     shown: bool,
+    tty: bool,
 }
 
 impl Progress {
@@ -725,10 +726,11 @@ impl Progress {
         }
     }
     fn update(&mut self, done: u64, total: u64) {
-        use std::io::IsTerminal;
+        if !self.tty {
+            return;
+        }
         let now = Instant::now();
-        if !std::io::stderr().is_terminal()
-            || now.duration_since(self.start) < Duration::from_secs(1)
+        if now.duration_since(self.start) < Duration::from_secs(1)
             || now.duration_since(self.last) < Duration::from_millis(250)
         {
             return;

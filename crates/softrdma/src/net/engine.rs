@@ -520,7 +520,16 @@ impl Engine {
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         let now = self.now();
         for cell in qps.values() {
-            let mut body = cell.lock();
+            // A QP whose lock is held is being worked on (a post or a packet): its timers are
+            // looked at on the next wake-up rather than making this thread wait for it.
+            let mut body = match cell.body.try_lock() {
+                Ok(b) => b,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    next = Some(next.map_or(now + 1_000_000, |n: u64| n.min(now + 1_000_000)));
+                    continue;
+                }
+            };
             if let Some(t) = body.qp.poll_timeout()
                 && t <= now
             {
