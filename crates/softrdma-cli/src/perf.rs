@@ -718,11 +718,13 @@ pub struct Progress {
 impl Progress {
     fn new(label: String) -> Progress {
         let now = Instant::now();
+        use std::io::IsTerminal;
         Progress {
             start: now,
             last: now,
             label,
             shown: false,
+            tty: std::io::stderr().is_terminal(),
         }
     }
     fn update(&mut self, done: u64, total: u64) {
