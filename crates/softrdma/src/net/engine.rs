@@ -68,7 +68,36 @@ pub struct QpBody {
     pub peer: Option<SocketAddr>,
     tx: TxBatch,
     deltas: Vec<IdDelta>,
-    acks_only: bool,
+    held_ack: HeldAck,
+}
+
+/// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
+const ACK_DELAY: u64 = 50_000;
+
+/// The newest plain acknowledgement of a QP, held back in busy-poll mode (acknowledgements
+/// are cumulative: a newer one makes an older one unnecessary).
+#[derive(Debug)]
+struct HeldAck {
+    bytes: [u8; HeldAck::CAP],
+    len: usize,
+    since: u64,
+}
+
+impl HeldAck {
+    /// Room for an ACK over IPv4 or IPv6 (BTH, AETH, ICRC: 20 bytes).
+    const CAP: usize = 32;
+
+    fn hold(&mut self, pkt: &[u8], now: u64) {
+        if self.len == 0 {
+            self.since = now;
+        }
+        self.bytes[..pkt.len()].copy_from_slice(pkt);
+        self.len = pkt.len();
+    }
+
+    fn due(&self, now: u64) -> bool {
+        self.len > 0 && now.saturating_sub(self.since) >= ACK_DELAY
+    }
 }
 
 /// A shared receive queue with its lock.
@@ -115,7 +144,11 @@ impl QpCell {
                 // used, so small-MTU QPs that never fill it do not pay for it).
                 tx: TxBatch::new(64, MAX_DATAGRAM + max),
                 deltas: Vec::with_capacity(4),
-                acks_only: true,
+                held_ack: HeldAck {
+                    bytes: [0; HeldAck::CAP],
+                    len: 0,
+                    since: 0,
+                },
             }),
             send_cq,
             recv_cq,
@@ -279,27 +312,33 @@ impl Engine {
             peer,
             tx,
             deltas,
-            acks_only,
+            held_ack,
         } = body;
         let max = qp.max_packet_len();
-        let mut pending = false;
         if let Some(dst) = *peer {
             let v4 = dst.is_ipv4();
-            if tx.is_empty() {
-                *acks_only = true;
-            }
             loop {
                 if !tx.has_room(max) {
                     self.flush(tx);
-                    *acks_only = true;
                 }
                 let mem: &MemoryTable = &self.mem;
                 match tx.push_packet(dst, max, |buf| qp.poll_transmit(now, mem, buf).unwrap_or(0)) {
                     Some((0, _)) => break,
                     Some((n, k)) => {
                         let pkt = tx.last_packet_mut(n);
-                        // A plain ACK: opcode 0x11 with an ACK syndrome (bits 6-5 clear).
-                        *acks_only &= pkt[0] == 0x11 && pkt.len() > 12 && pkt[12] & 0x60 == 0;
+                        // A plain ACK (opcode 0x11, ACK syndrome): acknowledgements are
+                        // cumulative, so in busy-poll mode the newest one is held back and
+                        // replaces older ones, and goes out alone after ACK_DELAY.
+                        if defer_acks
+                            && n <= HeldAck::CAP
+                            && pkt[0] == 0x11
+                            && pkt.len() > 12
+                            && pkt[12] & 0x60 == 0
+                        {
+                            held_ack.hold(pkt, now);
+                            tx.pop_last_packet(n);
+                            continue;
+                        }
                         if k > 0 && v4 {
                             fix_icrc_for_id(deltas, pkt, k);
                         }
@@ -309,15 +348,15 @@ impl Engine {
                             break; // cannot happen: an empty batch has room for a packet
                         }
                         self.flush(tx);
-                        *acks_only = true;
                     }
                 }
             }
-            if defer_acks && *acks_only && !tx.is_empty() {
-                pending = true;
-            } else {
-                self.flush(tx);
+            // A held ACK stays held while younger than ACK_DELAY, also when this drive comes
+            // from a post: it is not worth a datagram of its own beside the request.
+            if held_ack.due(now) {
+                self.push_held(dst, tx, deltas, held_ack);
             }
+            self.flush(tx);
         }
         while let Some(wc) = qp.poll_send_completion() {
             cell.send_cq.push(wc);
@@ -325,7 +364,33 @@ impl Engine {
         while let Some(wc) = qp.poll_recv_completion() {
             cell.recv_cq.push(wc);
         }
-        pending
+        held_ack.len > 0
+    }
+
+    /// Queue the held acknowledgement (if any) for sending.
+    fn push_held(
+        &self,
+        dst: SocketAddr,
+        tx: &mut TxBatch,
+        deltas: &mut Vec<IdDelta>,
+        held: &mut HeldAck,
+    ) {
+        if held.len == 0 {
+            return;
+        }
+        if !tx.has_room(held.len) {
+            self.flush(tx);
+        }
+        let n = held.len;
+        if let Some((n, k)) = tx.push_packet(dst, n, |buf| {
+            buf[..n].copy_from_slice(&held.bytes[..n]);
+            n
+        }) && k > 0
+            && dst.is_ipv4()
+        {
+            fix_icrc_for_id(deltas, tx.last_packet_mut(n), k);
+        }
+        held.len = 0;
     }
 
     /// Move a QP's completions to its CQs without transmitting (after a post that cannot
@@ -340,12 +405,31 @@ impl Engine {
         }
     }
 
-    /// Send the acknowledgements left queued by deferred drives.
-    fn flush_pending(&self, rx: &mut RxState) {
-        for cell in rx.pending.drain(..) {
-            let mut body = cell.lock();
-            self.flush(&mut body.tx);
+    /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
+    /// one stay on the list.
+    fn flush_pending(&self, rx: &mut RxState, all: bool) {
+        if rx.pending.is_empty() {
+            return;
         }
+        let now = self.now();
+        rx.pending.retain(|cell| {
+            let mut body = cell.lock();
+            let QpBody {
+                peer,
+                tx,
+                deltas,
+                held_ack,
+                ..
+            } = &mut *body;
+            if all || held_ack.due(now) {
+                if let Some(dst) = *peer {
+                    self.push_held(dst, tx, deltas, held_ack);
+                    self.flush(tx);
+                }
+                held_ack.len = 0;
+            }
+            held_ack.len > 0
+        });
     }
 
     fn flush(&self, tx: &mut TxBatch) {
@@ -383,7 +467,7 @@ impl Engine {
 
     /// Receive and handle up to a few batches of datagrams.
     fn receive(&self, rx: &mut RxState, defer_acks: bool) -> usize {
-        self.flush_pending(rx);
+        self.flush_pending(rx, !defer_acks);
         let mut done = 0;
         for _ in 0..8 {
             let n = match self.port.recv(&mut rx.batch) {
@@ -421,7 +505,7 @@ impl Engine {
             .rx_packets
             .fetch_add(done as u64, Ordering::Relaxed);
         if !defer_acks {
-            self.flush_pending(rx);
+            self.flush_pending(rx, true);
         }
         done
     }
@@ -588,11 +672,14 @@ impl Engine {
                 .now()
                 .saturating_sub(self.last_poll.load(Ordering::Relaxed))
                 > POLLER_ACTIVE;
-            if (self.mode == PollMode::Blocking || pollers_quiet)
-                && let Ok(mut rx) = self.rx.try_lock()
-            {
-                // Progress without marking a poller active.
-                self.receive(&mut rx, false);
+            if let Ok(mut rx) = self.rx.try_lock() {
+                if self.mode == PollMode::Blocking || pollers_quiet {
+                    // Progress without marking a poller active.
+                    self.receive(&mut rx, false);
+                } else {
+                    // Pollers receive; this thread only sends acknowledgements held too long.
+                    self.flush_pending(&mut rx, false);
+                }
             }
         }
     }

@@ -372,6 +372,21 @@ impl TxBatch {
         &mut self.arena[end.saturating_sub(n)..end]
     }
 
+    /// Take back the last `n`-byte packet pushed (it must be the last one).
+    pub fn pop_last_packet(&mut self, n: usize) {
+        if self.len == 0 || n > self.used {
+            return;
+        }
+        let s = &mut self.spans[self.len - 1];
+        if s.nseg > 1 && s.len >= n {
+            s.nseg -= 1;
+            s.len -= n;
+        } else {
+            self.len -= 1;
+        }
+        self.used -= n;
+    }
+
     /// Packets queued (a GSO datagram counts each segment).
     pub fn packets(&self) -> usize {
         self.spans[..self.len]
