@@ -408,10 +408,15 @@ impl Engine {
     /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
     /// one stay on the list.
     fn flush_pending(&self, rx: &mut RxState, all: bool) {
+        if !rx.pending.is_empty() {
+            self.flush_pending_at(rx, all, self.now());
+        }
+    }
+
+    fn flush_pending_at(&self, rx: &mut RxState, all: bool, now: u64) {
         if rx.pending.is_empty() {
             return;
         }
-        let now = self.now();
         rx.pending.retain(|cell| {
             let mut body = cell.lock();
             let QpBody {
@@ -456,8 +461,9 @@ impl Engine {
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        self.last_poll.store(self.now(), Ordering::Relaxed);
-        let done = self.receive(&mut rx, self.mode == PollMode::BusyPoll);
+        let now = self.now();
+        self.last_poll.store(now, Ordering::Relaxed);
+        let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, now);
         drop(rx);
         if timers {
             self.run_timers();
@@ -467,7 +473,12 @@ impl Engine {
 
     /// Receive and handle up to a few batches of datagrams.
     fn receive(&self, rx: &mut RxState, defer_acks: bool) -> usize {
-        self.flush_pending(rx, !defer_acks);
+        self.receive_at(rx, defer_acks, self.now())
+    }
+
+    /// [`Engine::receive`] with the clock already read.
+    fn receive_at(&self, rx: &mut RxState, defer_acks: bool, now: u64) -> usize {
+        self.flush_pending_at(rx, !defer_acks, now);
         let mut done = 0;
         for _ in 0..8 {
             let n = match self.port.recv(&mut rx.batch) {
