@@ -683,14 +683,14 @@ impl Engine {
                 .now()
                 .saturating_sub(self.last_poll.load(Ordering::Relaxed))
                 > POLLER_ACTIVE;
-            if let Ok(mut rx) = self.rx.try_lock() {
-                if self.mode == PollMode::Blocking || pollers_quiet {
-                    // Progress without marking a poller active.
-                    self.receive(&mut rx, false);
-                } else {
-                    // Pollers receive; this thread only sends acknowledgements held too long.
-                    self.flush_pending(&mut rx, false);
-                }
+            // While pollers are active they hold the receive path (and send held ACKs when
+            // due); this thread keeps off the receive lock, so that being preempted while
+            // holding it can never stall them.
+            if (self.mode == PollMode::Blocking || pollers_quiet)
+                && let Ok(mut rx) = self.rx.try_lock()
+            {
+                // Progress without marking a poller active.
+                self.receive(&mut rx, false);
             }
         }
     }
