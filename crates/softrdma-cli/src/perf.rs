@@ -471,7 +471,7 @@ fn write_pingpong(
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && Instant::now() > deadline {
+            if spins.is_multiple_of(1024) && Instant::now() > deadline {
                 return Err("timed out waiting for the peer's write".into());
             }
             idle(c);
@@ -698,7 +698,7 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && Instant::now() > deadline {
+            if spins.is_multiple_of(1024) && Instant::now() > deadline {
                 return Err("timed out waiting for the answer".into());
             }
             if n == 0 {
