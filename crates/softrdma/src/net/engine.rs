@@ -405,6 +405,23 @@ impl Engine {
         }
     }
 
+    /// Send the QP's held acknowledgement now (before the QP goes away: its peer is waiting
+    /// for it).
+    pub fn flush_held(&self, body: &mut QpBody) {
+        let QpBody {
+            peer,
+            tx,
+            deltas,
+            held_ack,
+            ..
+        } = body;
+        if let Some(dst) = *peer {
+            self.push_held(dst, tx, deltas, held_ack);
+            self.flush(tx);
+        }
+        held_ack.len = 0;
+    }
+
     /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
     /// one stay on the list.
     fn flush_pending(&self, rx: &mut RxState, all: bool) {

@@ -255,6 +255,8 @@ impl Drop for Qp {
         let engine = self.pd.device().engine();
         engine.remove_qp(self.cell.qpn);
         let mut body = self.cell.lock();
+        // The peer may be waiting for an acknowledgement this QP holds back (busy-poll mode).
+        engine.flush_held(&mut body);
         let attr = QpAttr {
             qp_state: QpState::Err,
             ..*body.qp.attr()
