@@ -72,7 +72,7 @@ pub struct QpBody {
 }
 
 /// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
-const ACK_DELAY: u64 = 50_000;
+const ACK_DELAY: u64 = 15_000;
 
 /// The newest plain acknowledgement of a QP, held back in busy-poll mode (acknowledgements
 /// are cumulative: a newer one makes an older one unnecessary).
