@@ -23,7 +23,7 @@ pub const MAX_MW: i32 = (1 << 16) - 1;
 /// `MemConfig::max_pds`.
 pub const MAX_PD: i32 = 1 << 12;
 /// The engine's limit (`softrdma::rc::qp_state::MAX_RD_ATOMIC`).
-pub const MAX_QP_RD_ATOM: i32 = softrdma::rc::qp_state::MAX_RD_ATOMIC as i32;
+pub const MAX_QP_RD_ATOM: i32 = 16;
 pub const MAX_RES_RD_ATOM: i32 = MAX_QP * MAX_QP_RD_ATOM;
 pub const MAX_AH: i32 = 1 << 16;
 pub const MAX_SRQ: i32 = 1 << 12;

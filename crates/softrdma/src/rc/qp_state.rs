@@ -301,7 +301,7 @@ pub fn transition_rules(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAtt
 }
 
 /// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted (`max_qp_rd_atom` of the device).
-pub const MAX_RD_ATOMIC: u8 = 128;
+pub const MAX_RD_ATOMIC: u8 = 16;
 
 /// Check a modify request against the rules and the attribute ranges.
 pub fn check_modify(cur: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<QpState, ModifyError> {
