@@ -4,7 +4,8 @@
 
 use std::collections::VecDeque;
 
-use super::sq::SendSide;
+use super::psn_set::PsnSet;
+use super::sq::{ReRequest, SendSide};
 use super::timer::rnr_backoff_ns;
 use super::wr::{WcStatus, WorkCompletion, WrOpcode};
 use crate::mem::{Access, AccessCtx, MemoryAccess};
@@ -13,7 +14,7 @@ use crate::wire::{NakCode, OpKind, Packet, Psn, Syndrome};
 /// Counters the completer keeps (part of [`super::QpCounters`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CompCounters {
-    /// Go-back-N retransmissions started (timeouts, NAK-sequence, response gaps).
+    /// Go-back-N retransmissions started (timeouts, NAK-sequence).
     pub retransmits: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
@@ -23,13 +24,23 @@ pub struct CompCounters {
     pub seq_naks_received: u64,
     /// Responses ignored (stale, duplicate or unexpected).
     pub responses_ignored: u64,
+    /// Holes in READ response streams (or lost atomic acknowledgements) asked for again.
+    pub rerequests: u64,
 }
+
+/// Most hole re-requests queued at once (more holes wait for the timeout's go-back-N).
+const MAX_REREQUESTS: usize = 64;
 
 impl SendSide {
     fn progress(&mut self, now: u64) {
-        self.retry_pending = false;
+        self.nak_retry_psn = None;
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
+        self.arm(now);
+    }
+
+    /// (Re)start the retransmission timer while anything is outstanding.
+    fn arm(&mut self, now: u64) {
         self.retrans_deadline = if self.outstanding() {
             self.timeout_ns.map(|t| now + t)
         } else {
@@ -37,33 +48,75 @@ impl SendSide {
         };
     }
 
-    /// Finish SEND/WRITE WQEs whose last PSN is at or before `p`; stop at a READ/atomic not
-    /// yet answered. Advances `comp_psn` (a partial ACK inside a long message too).
-    fn ack_through(&mut self, p: Psn, now: u64) {
+    /// The responder executed every request up to `p`: finish what that completes. The
+    /// responder moving on is progress (the retry budgets start again); a READ or atomic
+    /// before `p` whose responses are still missing lost them: its holes are asked for
+    /// again (an implied NAK).
+    fn ack_through(&mut self, p: Psn, now: u64, c: &mut CompCounters) {
+        let moved = p.is_after(self.peer_acked) && p.is_before(self.sent_end);
+        if moved {
+            self.peer_acked = p;
+            self.retry_left = self.retry_cnt;
+            self.rnr_left = self.rnr_retry;
+            self.arm(now);
+        }
+        self.advance(now);
+        if moved && !p.is_before(self.comp_psn) {
+            self.request_holes(p.add(1), c);
+        }
+    }
+
+    /// Finish WQEs from the head in PSN order: SEND/WRITE through `peer_acked` (a partial
+    /// ACK inside a long message advances `comp_psn` too), READ/atomic through the responses
+    /// received in `rd_seen`. Stops at the first PSN still missing.
+    fn advance(&mut self, now: u64) {
         let before = self.comp_psn;
+        let acked = self.peer_acked;
         let mut s = self.sq.head;
         while s < self.sq.tail {
             let w = self.sq.get(s);
+            if !w.psn_assigned {
+                break;
+            }
             if w.done.is_some() || w.npkts == 0 {
-                if !w.psn_assigned {
-                    break;
-                }
                 s += 1;
                 continue;
             }
-            if !w.psn_assigned || p.is_before(w.first_psn) {
-                break;
-            }
-            if w.op.is_rd_atomic() {
-                break;
-            }
             let last = w.last_psn();
-            if p.diff(last) >= 0 {
+            if w.op.is_rd_atomic() {
+                if !w.holds(self.comp_psn) {
+                    break;
+                }
+                let mut finished = false;
+                loop {
+                    let cp = self.comp_psn;
+                    if !self.rd_seen.take(cp, cp) {
+                        break;
+                    }
+                    self.comp_psn = cp.add(1);
+                    if cp == last {
+                        finished = true;
+                        break;
+                    }
+                }
+                if !finished {
+                    break;
+                }
+                self.sq.get_mut(s).done = Some(WcStatus::Success);
+                s += 1;
+                continue;
+            }
+            if acked.is_before(w.first_psn) {
+                break;
+            }
+            if acked.diff(last) >= 0 {
                 self.comp_psn = last.add(1);
                 self.sq.get_mut(s).done = Some(WcStatus::Success);
                 s += 1;
             } else {
-                self.comp_psn = p.add(1);
+                if acked.add(1).is_after(self.comp_psn) {
+                    self.comp_psn = acked.add(1);
+                }
                 break;
             }
         }
@@ -72,21 +125,15 @@ impl SendSide {
         }
     }
 
-    /// A go-back-N asked for by the peer (NAK-sequence) or implied by a response gap: one
-    /// per round until progress is made.
-    fn retry_on_nak(&mut self, c: &mut CompCounters) -> Result<(), WcStatus> {
-        if self.retry_pending {
-            return Ok(());
-        }
-        c.retransmits += 1;
-        self.retry()?;
-        self.retry_pending = true;
-        Ok(())
-    }
-
     /// Start a counted go-back-N retransmission from `comp_psn`. Returns the error when the
     /// retry budget is exhausted (the WQE is then finished with `RetryExcErr`).
     pub fn retry(&mut self) -> Result<(), WcStatus> {
+        let p = self.comp_psn;
+        self.retry_from(p)
+    }
+
+    /// A counted go-back-N from `p`, or from `comp_psn` if that is later.
+    fn retry_from(&mut self, p: Psn) -> Result<(), WcStatus> {
         if self.retry_left == 0 {
             if let Some(s) = self.first_pending() {
                 self.sq.get_mut(s).done = Some(WcStatus::RetryExcErr);
@@ -94,10 +141,22 @@ impl SendSide {
             return Err(WcStatus::RetryExcErr);
         }
         self.retry_left -= 1;
-        let p = self.comp_psn;
-        self.rewind(p);
+        let from = if p.is_after(self.comp_psn) {
+            p
+        } else {
+            self.comp_psn
+        };
+        self.rewind(from);
         self.retrans_deadline = None;
         Ok(())
+    }
+
+    /// The pending WQE that owns PSN `p`.
+    fn pending_holding(&self, p: Psn) -> Option<u64> {
+        (self.sq.head..self.sq.tail).find(|&s| {
+            let w = self.sq.get(s);
+            w.done.is_none() && w.holds(p)
+        })
     }
 
     /// Handle an acknowledgement, NAK or response. Returns an error status when a WQE failed
@@ -123,9 +182,9 @@ impl SendSide {
                     return Ok(());
                 };
                 match aeth.syndrome {
-                    Syndrome::Ack { .. } => self.ack_through(p, now),
+                    Syndrome::Ack { .. } => self.ack_through(p, now, c),
                     Syndrome::RnrNak { timer } => {
-                        self.ack_through(p.sub(1), now);
+                        self.ack_through(p.sub(1), now, c);
                         c.rnr_naks_received += 1;
                         if self.rnr_left == 0 {
                             if let Some(s) = self.first_pending() {
@@ -136,30 +195,35 @@ impl SendSide {
                         if self.rnr_retry != 7 {
                             self.rnr_left -= 1;
                         }
-                        let cp = self.comp_psn;
-                        self.rewind(cp);
+                        // Everything before `p` was executed: resend from the refused request.
+                        let from = if p.is_after(self.comp_psn) {
+                            p
+                        } else {
+                            self.comp_psn
+                        };
+                        self.rewind(from);
                         self.retrans_deadline = None;
                         self.rnr_deadline = Some(now + rnr_backoff_ns(timer));
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
-                        self.ack_through(p.sub(1), now);
+                        self.ack_through(p.sub(1), now, c);
                         c.seq_naks_received += 1;
-                        if self.rnr_deadline.is_some() {
-                            // Already going back after an RNR NAK.
+                        if self.rnr_deadline.is_some() || self.nak_retry_psn == Some(p) {
+                            // Already going back (after an RNR NAK, or for this very NAK).
                             return Ok(());
                         }
-                        self.retry_on_nak(c)?;
+                        c.retransmits += 1;
+                        self.retry_from(p)?;
+                        self.nak_retry_psn = Some(p);
                     }
                     Syndrome::Nak(code) => {
-                        self.ack_through(p.sub(1), now);
+                        self.ack_through(p.sub(1), now, c);
                         let st = match code {
                             NakCode::InvalidRequest => WcStatus::RemInvReqErr,
                             NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                             _ => WcStatus::RemOpErr,
                         };
-                        let s = (self.sq.head..self.sq.tail)
-                            .find(|&s| self.sq.get(s).done.is_none() && self.sq.get(s).holds(p))
-                            .or_else(|| self.first_pending());
+                        let s = self.pending_holding(p).or_else(|| self.first_pending());
                         if let Some(s) = s {
                             self.sq.get_mut(s).done = Some(st);
                         }
@@ -170,9 +234,10 @@ impl SendSide {
                 Ok(())
             }
             OpKind::ReadResponse | OpKind::AtomicAck => {
-                // Responses implicitly acknowledge everything before them.
-                self.ack_through(p.sub(1), now);
-                let Some(s) = self.first_pending() else {
+                // Responses implicitly acknowledge every request before them.
+                self.ack_through(p.sub(1), now, c);
+                let Some(s) = self.pending_holding(p) else {
+                    c.responses_ignored += 1;
                     return Ok(());
                 };
                 let w = self.sq.get(s);
@@ -180,23 +245,17 @@ impl SendSide {
                     WrOpcode::RdmaRead { .. } => kind == OpKind::ReadResponse,
                     _ => w.op.is_atomic() && kind == OpKind::AtomicAck,
                 };
-                if !w.psn_assigned || !matches || !w.holds(p) {
+                let base = self.comp_psn;
+                if !matches || !PsnSet::in_window(base, p) || self.rd_seen.contains(base, p) {
                     c.responses_ignored += 1;
                     return Ok(());
                 }
-                if p != self.comp_psn {
-                    // A gap in the response stream: an implied NAK-sequence.
-                    return self.retry_on_nak(c);
-                }
-                let done = if kind == OpKind::AtomicAck {
+                let placed = if kind == OpKind::AtomicAck {
                     let Some(a) = pkt.hdr.atomic_ack_eth else {
+                        c.responses_ignored += 1;
                         return Ok(());
                     };
-                    if let Err(st) = place(w, 0, &a.orig.to_ne_bytes(), actx, mem) {
-                        self.sq.get_mut(s).done = Some(st);
-                        return Err(st);
-                    }
-                    true
+                    place(w, 0, &a.orig.to_ne_bytes(), actx, mem)
                 } else {
                     let idx = p.diff(w.first_psn) as u32;
                     let off = u64::from(idx) * u64::from(self.mtu);
@@ -205,20 +264,83 @@ impl SendSide {
                         c.responses_ignored += 1;
                         return Ok(());
                     }
-                    if let Err(st) = place(w, off, pkt.payload, actx, mem) {
+                    place(w, off, pkt.payload, actx, mem)
+                };
+                if let Err(st) = placed {
+                    if p == base {
                         self.sq.get_mut(s).done = Some(st);
                         return Err(st);
                     }
-                    p == w.last_psn()
-                };
-                self.comp_psn = p.add(1);
-                if done {
-                    self.sq.get_mut(s).done = Some(WcStatus::Success);
+                    // Ahead of a hole: fail it when it is the next response in order.
+                    c.responses_ignored += 1;
+                    return Ok(());
                 }
-                self.progress(now);
+                self.rd_seen.insert(base, p);
+                if w.rereq_end == Some(p) {
+                    // The re-request was answered: what is still missing was lost again.
+                    self.sq.get_mut(s).rereq_end = None;
+                }
+                self.advance(now);
+                if p.is_after(self.comp_psn) || p == self.comp_psn {
+                    // Data ahead of a hole: the responder is alive (keep the timer off
+                    // the go-back-N) and the hole is asked for again, once.
+                    if self.comp_psn == base {
+                        self.arm(now);
+                    }
+                    self.request_holes(p, c);
+                }
                 Ok(())
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Queue re-requests for READ/atomic PSNs missing before `p`: per WQE at most one at a
+    /// time, from its lowest missing PSN to the last one missing before `p` (an atomic asks
+    /// for its own PSN; the responder answers duplicates from its history). Always starting
+    /// at the lowest missing PSN matters: Linux rxe narrows a READ's replayable range to the
+    /// start of the latest re-request, so asking for a later hole first would make an
+    /// earlier one unreachable.
+    fn request_holes(&mut self, p: Psn, c: &mut CompCounters) {
+        let base = self.comp_psn;
+        if !base.is_before(p) {
+            return;
+        }
+        for s in self.sq.head..self.sq.tail {
+            let w = self.sq.get(s);
+            if !w.psn_assigned || !w.first_psn.is_before(p) {
+                break;
+            }
+            if w.done.is_some() || w.npkts == 0 || !w.op.is_rd_atomic() || w.rereq_end.is_some() {
+                continue;
+            }
+            let end = w.last_psn().add(1);
+            let stop = if p.is_before(end) { p } else { end };
+            let mut q = if base.is_after(w.first_psn) {
+                base
+            } else {
+                w.first_psn
+            };
+            let mut first = None;
+            let mut last = q;
+            while q.is_before(stop) {
+                if !self.rd_seen.contains(base, q) {
+                    first.get_or_insert(q);
+                    last = q;
+                }
+                q = q.add(1);
+            }
+            let Some(first) = first else { continue };
+            if self.rereq.len() >= MAX_REREQUESTS {
+                return;
+            }
+            self.rereq.push_back(ReRequest {
+                seq: s,
+                psn: first,
+                npkts: last.diff(first) as u32 + 1,
+            });
+            self.sq.get_mut(s).rereq_end = Some(last);
+            c.rerequests += 1;
         }
     }
 
@@ -229,7 +351,13 @@ impl SendSide {
         }
         if self.retrans_deadline.is_some_and(|d| d <= now) {
             self.retrans_deadline = None;
-            self.retry_pending = false;
+            self.nak_retry_psn = None;
+            // The go-back-N asks again for every hole (responses received ahead are kept;
+            // each READ is asked for again from its lowest missing PSN).
+            self.rereq.clear();
+            for s in self.sq.head..self.sq.tail {
+                self.sq.get_mut(s).rereq_end = None;
+            }
             if self.outstanding() {
                 c.timeouts += 1;
                 c.retransmits += 1;
@@ -291,6 +419,8 @@ impl SendSide {
         }
         self.retrans_deadline = None;
         self.rnr_deadline = None;
+        self.rereq.clear();
+        self.rd_seen.clear();
         self.halted = true;
     }
 }

@@ -26,6 +26,7 @@
 
 pub mod atomic_cache;
 pub mod completer;
+pub mod psn_set;
 pub mod qp;
 pub mod qp_state;
 pub mod requester;

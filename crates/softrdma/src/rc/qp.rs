@@ -249,6 +249,9 @@ impl Qp {
         self.send.halted = false;
         self.send.retrans_deadline = None;
         self.send.rnr_deadline = None;
+        self.send.nak_retry_psn = None;
+        self.send.rd_seen.clear();
+        self.send.rereq.clear();
         self.recv.reset();
         self.send_cq.clear();
         self.recv_cq.clear();

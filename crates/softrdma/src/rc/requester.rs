@@ -53,6 +53,9 @@ impl SendSide {
         if self.rnr_deadline.is_some() || self.halted {
             return ReqOutput::Idle;
         }
+        if let Some(n) = self.poll_rerequest(now, actx, mem, icrc, buf) {
+            return ReqOutput::Packet(n);
+        }
         loop {
             if self.req_seq < self.sq.head {
                 self.req_seq = self.sq.head;
@@ -121,6 +124,12 @@ impl SendSide {
                 self.req_pkt = 0;
                 continue;
             }
+            // A go-back-N skips READ/atomic responses that already arrived.
+            let skip = self.seen_prefix(w, self.req_pkt);
+            if skip > 0 {
+                self.req_pkt += skip;
+                continue;
+            }
             let psn = w.first_psn.add(self.req_pkt);
             if psn.diff(self.comp_psn) >= self.max_inflight {
                 return ReqOutput::Idle;
@@ -129,6 +138,7 @@ impl SendSide {
             match build_request(
                 w,
                 self.req_pkt,
+                u32::MAX,
                 psn,
                 self.dest_qpn,
                 self.mtu,
@@ -161,6 +171,65 @@ impl SendSide {
                 }
             }
         }
+    }
+}
+
+impl SendSide {
+    /// For packet `idx` of READ/atomic `w`: how many PSNs from there already have their
+    /// response. A go-back-N skips them and asks for the rest of the READ from the first
+    /// one missing (see `request_holes`).
+    fn seen_prefix(&self, w: &SendWqe, idx: u32) -> u32 {
+        if self.rd_seen.is_empty() || !w.op.is_rd_atomic() {
+            return 0;
+        }
+        let base = self.comp_psn;
+        let mut i = idx;
+        while i < w.npkts && self.rd_seen.contains(base, w.first_psn.add(i)) {
+            i += 1;
+        }
+        i - idx
+    }
+
+    /// Send the next queued hole re-request that is still needed, if any.
+    fn poll_rerequest(
+        &mut self,
+        now: u64,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        icrc: &IcrcContext,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        while let Some(r) = self.rereq.pop_front() {
+            if r.seq < self.sq.head || r.seq >= self.sq.tail {
+                continue;
+            }
+            let w = self.sq.get(r.seq);
+            if w.done.is_some() || !w.op.is_rd_atomic() || !w.holds(r.psn) {
+                continue;
+            }
+            let idx = r.psn.diff(w.first_psn) as u32;
+            let want = r.npkts.min(w.npkts - idx);
+            let psn = r.psn;
+            if let Ok((n, _, _)) = build_request(
+                w,
+                idx,
+                want,
+                psn,
+                self.dest_qpn,
+                self.mtu,
+                true,
+                actx,
+                mem,
+                icrc,
+                buf,
+            ) {
+                if self.retrans_deadline.is_none() {
+                    self.retrans_deadline = self.timeout_ns.map(|t| now + t);
+                }
+                return Some(n);
+            }
+        }
+        None
     }
 }
 
@@ -231,11 +300,13 @@ fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(
     Ok(())
 }
 
-/// Build packet `idx` of `w` at `psn`. Returns (length, AckReq set, PSNs consumed).
+/// Build packet `idx` of `w` at `psn` (a READ request asks for at most `limit` response
+/// PSNs). Returns (length, AckReq set, PSNs consumed).
 #[allow(clippy::too_many_arguments)]
 fn build_request(
     w: &SendWqe,
     idx: u32,
+    limit: u32,
     psn: Psn,
     dest_qpn: u32,
     mtu: u32,
@@ -258,17 +329,20 @@ fn build_request(
             remote_addr, rkey, ..
         } => (OpKind::Write, Headers::IMMDT, Some((remote_addr, rkey))),
         WrOpcode::RdmaRead { remote_addr, rkey } => {
-            // One request covers every remaining response PSN; a retry asks for the rest.
+            // One request covers every remaining response PSN (up to `limit`); a retry
+            // asks for the rest, or for a hole.
             let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_READ_REQUEST, dest_qpn, psn));
+            let pkts = (w.npkts - idx).min(limit.max(1));
             let remaining = u64::from(w.len).saturating_sub(off);
+            let len = remaining.min(u64::from(pkts) * u64::from(mtu));
             h.reth = Some(RethRepr {
                 va: remote_addr.wrapping_add(off),
                 rkey,
-                dma_len: remaining as u32,
+                dma_len: len as u32,
             });
             h.bth.ack_req = true;
             let n = emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?;
-            return Ok((n, true, w.npkts - idx));
+            return Ok((n, true, pkts));
         }
         WrOpcode::AtomicCmpAndSwp {
             remote_addr,

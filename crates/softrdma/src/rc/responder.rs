@@ -127,7 +127,8 @@ pub(super) fn map_err(e: AccessError) -> Option<NakCode> {
 impl RecvSide {
     /// Responder state with an RQ of `max_recv_wr` entries (unused with an SRQ).
     pub fn new(max_recv_wr: usize, max_sge: usize, srq_id: Option<u32>) -> RecvSide {
-        let cap = 2 * usize::from(super::qp_state::MAX_RD_ATOMIC) + 4;
+        // READ/atomic answers, duplicates (twice the depth, see `dup_room`) and ACKs.
+        let cap = 3 * usize::from(super::qp_state::MAX_RD_ATOMIC) + 4;
         RecvSide {
             rq: RecvQueue::new(if srq_id.is_some() { 0 } else { max_recv_wr }, max_sge),
             srq_id,
@@ -516,6 +517,14 @@ impl RecvSide {
             && self.resp.len() < self.resp_cap
     }
 
+    /// Room for a duplicate READ/atomic: a requester asks again for holes in its response
+    /// stream while the original requests are still queued, so duplicates may use twice
+    /// the negotiated depth (still bounded).
+    fn dup_room(&self) -> bool {
+        self.rd_atomic_queued < 2 * usize::from(self.max_dest_rd_atomic.max(1))
+            && self.resp.len() < self.resp_cap
+    }
+
     fn do_read(
         &mut self,
         pkt: &Packet<'_>,
@@ -623,7 +632,7 @@ impl RecvSide {
             OpKind::ReadRequest => {
                 // READ is executed again: the data is re-read.
                 let Some(reth) = pkt.hdr.reth else { return };
-                if !self.rd_atomic_room() || !self.access.contains(Access::REMOTE_READ) {
+                if !self.dup_room() || !self.access.contains(Access::REMOTE_READ) {
                     return;
                 }
                 if reth.dma_len > 0
@@ -653,7 +662,7 @@ impl RecvSide {
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 // Never executed twice: answered from the replay cache, or dropped.
                 if let Some(orig) = self.cache.get(psn)
-                    && self.rd_atomic_room()
+                    && self.dup_room()
                 {
                     c.atomic_replays += 1;
                     let msn = self.msn;

@@ -6,8 +6,23 @@
 //! retires from `head`. Retransmission rewinds `req_seq` (go-back-N) and packets are rebuilt
 //! from memory, as rxe does, so no packet is ever stored.
 
+use std::collections::VecDeque;
+
+use super::psn_set::PsnSet;
 use super::wr::{SendFlags, SgList, WcStatus, WrOpcode};
 use crate::wire::Psn;
+
+/// A hole in the READ response stream (or a lost atomic acknowledgement) to ask for again:
+/// `npkts` PSNs from `psn`, all inside WQE `seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReRequest {
+    /// The WQE.
+    pub seq: u64,
+    /// First missing PSN.
+    pub psn: Psn,
+    /// Missing PSNs from there.
+    pub npkts: u32,
+}
 
 /// One send work queue entry.
 #[derive(Clone, Debug)]
@@ -36,6 +51,9 @@ pub struct SendWqe {
     pub done: Option<WcStatus>,
     /// Whether a successful completion is reported.
     pub signaled: bool,
+    /// READ/atomic: the last PSN of the hole re-request under way (cleared when its
+    /// response arrives, or by a timeout).
+    pub rereq_end: Option<Psn>,
 }
 
 impl SendWqe {
@@ -53,6 +71,7 @@ impl SendWqe {
             psn_assigned: false,
             done: None,
             signaled: false,
+            rereq_end: None,
         }
     }
     /// Last PSN of the message.
@@ -120,6 +139,7 @@ impl SendQueue {
         w.psn_assigned = false;
         w.done = None;
         w.npkts = 0;
+        w.rereq_end = None;
         w
     }
     /// Retire the head WQE.
@@ -165,9 +185,15 @@ pub struct SendSide {
     pub retrans_deadline: Option<u64>,
     /// While set, the requester waits out an RNR back-off.
     pub rnr_deadline: Option<u64>,
-    /// A go-back-N started by a NAK or a response gap is under way: further gaps and NAKs
-    /// of the same round are not counted again (cleared by progress or a timeout).
-    pub retry_pending: bool,
+    /// The PSN of the NAK-sequence whose go-back-N is under way: the same NAK again is not
+    /// counted again (cleared by progress or a timeout).
+    pub nak_retry_psn: Option<Psn>,
+    /// READ response and atomic acknowledgement PSNs received ahead of `comp_psn`.
+    pub rd_seen: PsnSet,
+    /// Hole re-requests the requester sends before anything else.
+    pub rereq: VecDeque<ReRequest>,
+    /// The highest PSN the responder is known to have executed (from ACKs and responses).
+    pub peer_acked: Psn,
     // --- attributes ---
     /// Path MTU in bytes.
     pub mtu: u32,
@@ -200,7 +226,10 @@ impl SendSide {
             rnr_left: 7,
             retrans_deadline: None,
             rnr_deadline: None,
-            retry_pending: false,
+            nak_retry_psn: None,
+            rd_seen: PsnSet::default(),
+            rereq: VecDeque::new(),
+            peer_acked: Psn::new(0).sub(1),
             mtu: 1024,
             timeout_ns: None,
             retry_cnt: 7,
@@ -215,6 +244,7 @@ impl SendSide {
         self.next_psn = psn;
         self.sent_end = psn;
         self.comp_psn = psn;
+        self.peer_acked = psn.sub(1);
     }
 
     /// True while sent packets wait for acknowledgement.
