@@ -403,10 +403,19 @@ fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
             }
         }
         if n == 0 {
-            idle(c);
+            idle_after_poll(c);
         }
     }
     Ok(())
+}
+
+/// Wait a moment after a CQ poll found nothing: in busy-poll mode the poll itself drove the
+/// engine, so spin straight into the next one.
+fn idle_after_poll(c: &Ctx) {
+    match c.mode {
+        PollMode::BusyPoll => std::hint::spin_loop(),
+        PollMode::Blocking => std::thread::sleep(Duration::from_micros(5)),
+    }
 }
 
 fn idle(c: &Ctx) {
@@ -595,7 +604,7 @@ fn bw_client(
             if Instant::now() > deadline {
                 return Err(format!("timed out: {done} of {iters} completed").into());
             }
-            idle(c);
+            idle_after_poll(c);
         }
         progress.update(done, iters);
     }
@@ -656,7 +665,7 @@ fn read_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Dur
             if Instant::now() > deadline {
                 return Err("timed out waiting for a READ".into());
             }
-            idle(c);
+            idle_after_poll(c);
         }
         times.push(t0.elapsed());
     }
@@ -702,7 +711,7 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
                 return Err("timed out waiting for the answer".into());
             }
             if n == 0 {
-                idle(c);
+                idle_after_poll(c);
             }
         }
         times.push(t0.elapsed());

@@ -184,6 +184,8 @@ pub struct Engine {
     stop: AtomicBool,
     /// When a CQ poller last drove progress (engine clock), for busy-poll mode.
     last_poll: AtomicU64,
+    /// The earliest transport timer pending (ns on the engine clock; `u64::MAX`: none known).
+    next_timer: AtomicU64,
     /// Counters.
     pub counters: EngineCounters,
 }
@@ -199,6 +201,12 @@ const RX_BATCH: usize = 32;
 /// In busy-poll mode, pollers count as active for this long (ns) after their last progress
 /// call; meanwhile the engine thread only runs timers.
 const POLLER_ACTIVE: u64 = 100_000;
+
+/// How long the engine thread sleeps while pollers are active (they run the timers then).
+const ENGINE_NAP: u64 = 2_000_000;
+
+/// With no timer pending, pollers look at the QPs' timers again after this long.
+const TIMER_SCAN: u64 = 1_000_000;
 
 impl Engine {
     /// An engine on a bound port.
@@ -225,6 +233,7 @@ impl Engine {
             gso,
             stop: AtomicBool::new(false),
             last_poll: AtomicU64::new(0),
+            next_timer: AtomicU64::new(0),
             counters: EngineCounters::default(),
         })
     }
@@ -351,8 +360,10 @@ impl Engine {
                     }
                 }
             }
-            // A held ACK stays held while younger than ACK_DELAY, also when this drive comes
-            // from a post: it is not worth a datagram of its own beside the request.
+            // A held ACK goes out when due, or behind the requests of this drive: at the end
+            // of the same sendmmsg, after the peer already has the request to work on, so it
+            // costs the critical path nothing (sent alone from the poll loop it can collide
+            // with the arrival of the answer).
             if held_ack.due(now) {
                 self.push_held(dst, tx, deltas, held_ack);
             }
@@ -364,6 +375,7 @@ impl Engine {
         while let Some(wc) = qp.poll_recv_completion() {
             cell.recv_cq.push(wc);
         }
+        self.timers_changed(qp.poll_timeout());
         held_ack.len > 0
     }
 
@@ -482,7 +494,9 @@ impl Engine {
         self.last_poll.store(now, Ordering::Relaxed);
         let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, now);
         drop(rx);
-        if timers {
+        // Active pollers also fire due timers, so that the engine thread can stay asleep
+        // instead of preempting them.
+        if timers || now >= self.next_timer.load(Ordering::Relaxed) {
             self.run_timers();
         }
         done
@@ -652,7 +666,17 @@ impl Engine {
                 next = Some(next.map_or(t, |n: u64| n.min(t)));
             }
         }
+        self.next_timer
+            .store(next.unwrap_or(now + TIMER_SCAN), Ordering::Relaxed);
         next
+    }
+
+    /// Note that a QP's timers changed (a post or a packet may arm one): the next progress
+    /// call looks at them.
+    pub fn timers_changed(&self, deadline: Option<u64>) {
+        if let Some(t) = deadline {
+            self.next_timer.fetch_min(t, Ordering::Relaxed);
+        }
     }
 
     /// Ask the engine thread to stop.
@@ -676,11 +700,9 @@ impl Engine {
                     now.saturating_sub(self.last_poll.load(Ordering::Relaxed)) > POLLER_ACTIVE
                 }
             };
-            let wait = if watch_socket {
-                wait
-            } else {
-                wait.min(POLLER_ACTIVE)
-            };
+            // While pollers are active they fire timers themselves; the thread naps longer
+            // and only watches for them going quiet.
+            let wait = if watch_socket { wait } else { ENGINE_NAP };
             let ts = libc::timespec {
                 tv_sec: (wait / 1_000_000_000) as i64,
                 tv_nsec: (wait % 1_000_000_000) as i64,
