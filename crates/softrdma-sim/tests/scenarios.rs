@@ -749,6 +749,58 @@ fn lost_read_response_is_re_read() {
     );
 }
 
+/// After a retransmission timeout the requester goes back with a small window (8 PSNs, the
+/// last asking for an ACK) that doubles with every acknowledgement, instead of re-sending its
+/// whole window into a responder that may be the reason for the silence.
+#[test]
+fn timeout_restarts_with_a_small_window() {
+    let mut p = Pair::new(ConnOpts {
+        mtu: Mtu::Mtu256,
+        ..ConnOpts::default()
+    });
+    p.w.net.drop_nth = (1..=64).collect(); // the whole first transmission
+    p.w.net.tap = Some(Vec::new());
+    let data = pattern(64 * 256, 3);
+    let src = p.data_mr(p.a, &data);
+    let dst = p.mr(p.b, 64 * 256, ALL);
+    p.post(
+        p.a,
+        SendWr::new(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0x10000,
+                rkey: dst,
+            },
+        )
+        .sg(&sge(src, 64 * 256)),
+    );
+    p.run();
+    ok(&p.wcs(p.a)[0], 1, WcOpcode::RdmaWrite, 64 * 256);
+    assert_eq!(p.contents(p.b, dst), data);
+    assert_eq!(p.w.qp(p.a).counters().comp.timeouts, 1);
+    // Bursts from the requester between the responder's ACKs, after the lost first 64.
+    let tap = p.w.net.tap.take().unwrap_or_default();
+    let from_a = tap[0].0;
+    let mut bursts = vec![];
+    let mut n = 0;
+    for (src, _) in &tap[64..] {
+        if *src == from_a {
+            n += 1;
+        } else if n > 0 {
+            bursts.push(n);
+            n = 0;
+        }
+    }
+    if n > 0 {
+        bursts.push(n);
+    }
+    assert_eq!(bursts[0], 8, "bursts {bursts:?}");
+    assert!(
+        bursts.len() >= 3,
+        "the window grows back in steps: {bursts:?}"
+    );
+}
+
 /// Linux rxe narrows a READ's replayable range to the start of the latest re-request: the
 /// requester must never ask for an earlier part of a READ after a later one, even when a
 /// re-request's answer is lost too.

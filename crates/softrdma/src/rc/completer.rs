@@ -28,11 +28,20 @@ pub struct CompCounters {
     pub rerequests: u64,
 }
 
+/// The send window (PSNs) right after a retransmission timeout.
+const RESTART_WINDOW: i32 = 8;
+
 /// Most hole re-requests queued at once (more holes wait for the timeout's go-back-N).
 const MAX_REREQUESTS: usize = 64;
 
 impl SendSide {
     fn progress(&mut self, now: u64) {
+        if self.cwnd < i32::MAX {
+            self.cwnd = self.cwnd.saturating_mul(2);
+            if self.cwnd >= self.max_inflight {
+                self.cwnd = i32::MAX;
+            }
+        }
         self.nak_retry_psn = None;
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
@@ -361,6 +370,9 @@ impl SendSide {
             if self.outstanding() {
                 c.timeouts += 1;
                 c.retransmits += 1;
+                // Silence may mean a responder swamped by the last window: go back with a
+                // small one and let acknowledgements open it again.
+                self.cwnd = RESTART_WINDOW;
                 self.retry()?;
             }
         }

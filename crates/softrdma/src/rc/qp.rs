@@ -250,6 +250,7 @@ impl Qp {
         self.send.retrans_deadline = None;
         self.send.rnr_deadline = None;
         self.send.nak_retry_psn = None;
+        self.send.cwnd = i32::MAX;
         self.send.rd_seen.clear();
         self.send.rereq.clear();
         self.recv.reset();

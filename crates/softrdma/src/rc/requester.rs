@@ -131,10 +131,15 @@ impl SendSide {
                 continue;
             }
             let psn = w.first_psn.add(self.req_pkt);
-            if psn.diff(self.comp_psn) >= self.max_inflight {
+            let window = self.max_inflight.min(self.cwnd);
+            let ahead = psn.diff(self.comp_psn);
+            if ahead >= window {
                 return ReqOutput::Idle;
             }
-            let force_ack = self.noack + 1 >= ACK_REQ_EVERY;
+            // The packet that fills a reduced window asks for an ACK: nothing more can be
+            // sent before one arrives.
+            let force_ack =
+                self.noack + 1 >= ACK_REQ_EVERY || (self.cwnd < i32::MAX && ahead + 1 >= window);
             match build_request(
                 w,
                 self.req_pkt,

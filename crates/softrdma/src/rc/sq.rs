@@ -172,6 +172,9 @@ pub struct SendSide {
     pub noack: u32,
     /// Most unacknowledged PSNs in flight (the send window).
     pub max_inflight: i32,
+    /// The window while recovering from a timeout: starts small and doubles with every
+    /// acknowledgement that moves `comp_psn`, up to `max_inflight` (`i32::MAX`: not limited).
+    pub cwnd: i32,
     /// Set when a WQE failed locally: start nothing more.
     pub halted: bool,
     // --- completer ---
@@ -220,6 +223,7 @@ impl SendSide {
             sent_end: Psn::new(0),
             noack: 0,
             max_inflight: super::MAX_INFLIGHT_PSNS,
+            cwnd: i32::MAX,
             halted: false,
             comp_psn: Psn::new(0),
             retry_left: 7,
