@@ -53,10 +53,11 @@ impl MemoryTable {
             }
             _ => return Err(AccessError::InvalidKey(key)),
         };
-        // A fault while the watcher has an unread event (checked with the guard still held, so
-        // the event cannot have been applied yet) is the window between a move or unmap and
-        // the watcher's reaction: report the region as changing, not faulted, so the transport
-        // answers RNR NAK and the retry meets the region followed or invalidated.
+        // A fault while the watcher has an unread event, or gets one within a few
+        // milliseconds (checked with the guard still held, so the event cannot have been
+        // applied yet), is the window between a move or unmap and the watcher's reaction:
+        // report the region as changing, not faulted, so the transport answers RNR NAK and the
+        // retry meets the region followed or invalidated.
         let (r, faulted) = match (&r, faulted) {
             (Err(AccessError::Fault(_)), Some(_)) if self.coherence.event_pending() => {
                 (Err(AccessError::Suspended(key)), None)

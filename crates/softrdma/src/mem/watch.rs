@@ -42,6 +42,10 @@ use super::table::{read, write};
 use super::uffd::{MSG_LEN, Msg, OpenError, Uffd, decode};
 use super::{Invalidation, InvalidationCause, RemapPolicy, WatchMode, WatchStatus};
 
+/// How long a fault on watched memory waits for the event that explains it (the window
+/// between a `munmap`/`mremap` changing the mapping and the kernel queueing the event).
+pub(crate) const EVENT_GRACE_MS: i32 = 5;
+
 /// Messages read per `read` call.
 const BATCH: usize = 16;
 /// `read` calls per wake-up (more events wait for the next wake-up, which is immediate).
@@ -140,6 +144,9 @@ impl Coherence {
     /// `munmap`/`mremap`/`madvise` of watched memory, waiting for the watcher. Called on the
     /// (rare) fault path with a region guard held, which keeps the watcher from reading the
     /// event meanwhile (it takes every watched region's write lock first).
+    ///
+    /// The kernel queues the event only after it changed the mapping, so a fault can come
+    /// first: the check waits up to [`EVENT_GRACE_MS`] for an event before it says no.
     pub(crate) fn event_pending(&self) -> bool {
         let Some(Ok(s)) = self.started.get() else {
             return false;
@@ -149,8 +156,8 @@ impl Coherence {
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: `p` is one live pollfd; a zero timeout never blocks.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        // SAFETY: `p` is one live pollfd; the timeout is bounded.
+        let n = unsafe { libc::poll(&mut p, 1, EVENT_GRACE_MS) };
         n == 1 && p.revents & libc::POLLIN != 0
     }
 

@@ -31,6 +31,7 @@ pub mod qp;
 pub mod qp_state;
 pub mod requester;
 pub mod responder;
+mod responder_rd;
 pub mod response;
 pub mod rq;
 pub mod sq;

@@ -1,5 +1,6 @@
 //! The responder: executes requests in PSN order and answers them (rxe's `rxe_resp.c`);
-//! the answers are emitted by [`super::response`].
+//! READ/atomic requests and duplicates are in `responder_rd.rs`, and the answers are emitted
+//! by [`super::response`].
 //!
 //! Receive consumption (own RQ or SRQ), placement through [`MemoryAccess`] with all its
 //! checks, READ responses, atomics executed once with a replay cache, duplicate detection
@@ -10,10 +11,9 @@
 use std::collections::VecDeque;
 
 use super::atomic_cache::AtomicCache;
-use super::requester::packets_for;
 use super::rq::{RecvQueue, RecvWqe, Srq};
 use super::wr::{WcOpcode, WcStatus, WorkCompletion};
-use crate::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::{NakCode, OpKind, Packet, Position, Psn, Syndrome};
 
 /// Credit count rxe puts in every ACK: "invalid", end-to-end credits not used.
@@ -99,9 +99,9 @@ pub struct RecvSide {
     nak_seq_sent: bool,
     msg: InMsg,
     pub(super) resp: VecDeque<Response>,
-    resp_cap: usize,
+    pub(super) resp_cap: usize,
     pub(super) rd_atomic_queued: usize,
-    cache: AtomicCache,
+    pub(super) cache: AtomicCache,
     /// Path MTU in bytes.
     pub mtu: u32,
     /// Remote rights granted.
@@ -195,7 +195,7 @@ impl RecvSide {
         }
     }
 
-    fn nak(&mut self, psn: Psn, code: NakCode, c: &mut RespCounters) -> RespOutcome {
+    pub(super) fn nak(&mut self, psn: Psn, code: NakCode, c: &mut RespCounters) -> RespOutcome {
         c.naks_sent += 1;
         self.resp.clear();
         self.rd_atomic_queued = 0;
@@ -203,7 +203,7 @@ impl RecvSide {
         RespOutcome::Fatal
     }
 
-    fn rnr(&mut self, psn: Psn, c: &mut RespCounters) -> RespOutcome {
+    pub(super) fn rnr(&mut self, psn: Psn, c: &mut RespCounters) -> RespOutcome {
         c.rnr_naks_sent += 1;
         // The packets behind this one are out of sequence until it is resent: no NAK-sequence
         // for them (the requester goes back on the RNR NAK anyway).
@@ -308,7 +308,7 @@ impl RecvSide {
         }
     }
 
-    fn finish_packet(&mut self, pkt: &Packet<'_>) {
+    pub(super) fn finish_packet(&mut self, pkt: &Packet<'_>) {
         let psn = pkt.hdr.bth.psn;
         self.epsn = psn.add(1);
         if pkt.hdr.bth.ack_req {
@@ -510,167 +510,5 @@ impl RecvSide {
         }
         self.finish_packet(pkt);
         RespOutcome::Ok
-    }
-
-    fn rd_atomic_room(&self) -> bool {
-        self.rd_atomic_queued < usize::from(self.max_dest_rd_atomic.max(1))
-            && self.resp.len() < self.resp_cap
-    }
-
-    /// Room for a duplicate READ/atomic: a requester asks again for holes in its response
-    /// stream while the original requests are still queued, so duplicates may use twice
-    /// the negotiated depth (still bounded).
-    fn dup_room(&self) -> bool {
-        self.rd_atomic_queued < 2 * usize::from(self.max_dest_rd_atomic.max(1))
-            && self.resp.len() < self.resp_cap
-    }
-
-    fn do_read(
-        &mut self,
-        pkt: &Packet<'_>,
-        actx: AccessCtx,
-        mem: &dyn MemoryAccess,
-        c: &mut RespCounters,
-    ) -> RespOutcome {
-        let psn = pkt.hdr.bth.psn;
-        let Some(reth) = pkt.hdr.reth else {
-            return self.nak(psn, NakCode::InvalidRequest, c);
-        };
-        if !self.access.contains(Access::REMOTE_READ) {
-            return self.nak(psn, NakCode::RemoteAccessError, c);
-        }
-        if u64::from(reth.dma_len) > super::MAX_MSG_SIZE || !self.rd_atomic_room() {
-            return self.nak(psn, NakCode::InvalidRequest, c);
-        }
-        if reth.dma_len > 0
-            && let Err(e) = mem.check(
-                actx,
-                reth.rkey,
-                reth.va,
-                u64::from(reth.dma_len),
-                Access::REMOTE_READ,
-            )
-        {
-            return match map_err(e) {
-                None => self.rnr(psn, c),
-                Some(code) => self.nak(psn, code, c),
-            };
-        }
-        self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
-        let msn = self.msn;
-        self.resp.push_back(Response::Read {
-            psn,
-            va: reth.va,
-            rkey: reth.rkey,
-            remaining: reth.dma_len,
-            started: false,
-            msn,
-        });
-        self.rd_atomic_queued += 1;
-        self.epsn = psn.add(packets_for(u64::from(reth.dma_len), self.mtu));
-        RespOutcome::Ok
-    }
-
-    fn do_atomic(
-        &mut self,
-        pkt: &Packet<'_>,
-        kind: OpKind,
-        actx: AccessCtx,
-        mem: &dyn MemoryAccess,
-        c: &mut RespCounters,
-    ) -> RespOutcome {
-        let psn = pkt.hdr.bth.psn;
-        let Some(a) = pkt.hdr.atomic_eth else {
-            return self.nak(psn, NakCode::InvalidRequest, c);
-        };
-        if !self.access.contains(Access::REMOTE_ATOMIC) {
-            return self.nak(psn, NakCode::RemoteAccessError, c);
-        }
-        if !self.rd_atomic_room() {
-            return self.nak(psn, NakCode::InvalidRequest, c);
-        }
-        let op = if kind == OpKind::CompareSwap {
-            AtomicOp::CompareSwap {
-                compare: a.compare,
-                swap: a.swap_add,
-            }
-        } else {
-            AtomicOp::FetchAdd { add: a.swap_add }
-        };
-        match mem.atomic(actx, a.rkey, a.va, op) {
-            Ok(orig) => {
-                self.cache.insert(psn, orig);
-                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
-                let msn = self.msn;
-                self.resp.push_back(Response::Atomic { psn, orig, msn });
-                self.rd_atomic_queued += 1;
-                self.epsn = psn.add(1);
-                RespOutcome::Ok
-            }
-            Err(e) => match map_err(e) {
-                None => self.rnr(psn, c),
-                Some(code) => self.nak(psn, code, c),
-            },
-        }
-    }
-
-    fn duplicate(
-        &mut self,
-        pkt: &Packet<'_>,
-        kind: OpKind,
-        actx: AccessCtx,
-        mem: &dyn MemoryAccess,
-        c: &mut RespCounters,
-    ) {
-        c.duplicates += 1;
-        let psn = pkt.hdr.bth.psn;
-        match kind {
-            OpKind::Send | OpKind::Write if pkt.hdr.bth.ack_req => {
-                let last = self.epsn.sub(1);
-                self.push_ack(last, NO_CREDITS);
-            }
-            OpKind::ReadRequest => {
-                // READ is executed again: the data is re-read.
-                let Some(reth) = pkt.hdr.reth else { return };
-                if !self.dup_room() || !self.access.contains(Access::REMOTE_READ) {
-                    return;
-                }
-                if reth.dma_len > 0
-                    && mem
-                        .check(
-                            actx,
-                            reth.rkey,
-                            reth.va,
-                            u64::from(reth.dma_len),
-                            Access::REMOTE_READ,
-                        )
-                        .is_err()
-                {
-                    return;
-                }
-                let msn = self.msn;
-                self.resp.push_back(Response::Read {
-                    psn,
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    remaining: reth.dma_len,
-                    started: false,
-                    msn,
-                });
-                self.rd_atomic_queued += 1;
-            }
-            OpKind::CompareSwap | OpKind::FetchAdd => {
-                // Never executed twice: answered from the replay cache, or dropped.
-                if let Some(orig) = self.cache.get(psn)
-                    && self.dup_room()
-                {
-                    c.atomic_replays += 1;
-                    let msn = self.msn;
-                    self.resp.push_back(Response::Atomic { psn, orig, msn });
-                    self.rd_atomic_queued += 1;
-                }
-            }
-            _ => {}
-        }
     }
 }
