@@ -42,6 +42,10 @@ impl SendSide {
                 self.cwnd = i32::MAX;
             }
         }
+        if self.holes_scanned.is_before(self.comp_psn) {
+            // Keep the mark within the window (PSNs wrap at 2^24).
+            self.holes_scanned = self.comp_psn;
+        }
         self.nak_retry_psn = None;
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
@@ -286,8 +290,13 @@ impl SendSide {
                 }
                 self.rd_seen.insert(base, p);
                 if w.rereq_end == Some(p) {
-                    // The re-request was answered: what is still missing was lost again.
+                    // The re-request was answered: what is still missing was lost again, and
+                    // this WQE's PSNs are looked at again.
+                    let first = w.first_psn;
                     self.sq.get_mut(s).rereq_end = None;
+                    if first.is_before(self.holes_scanned) {
+                        self.holes_scanned = first;
+                    }
                 }
                 self.advance(now);
                 if p.is_after(self.comp_psn) || p == self.comp_psn {
@@ -310,11 +319,21 @@ impl SendSide {
     /// at the lowest missing PSN matters: Linux rxe narrows a READ's replayable range to the
     /// start of the latest re-request, so asking for a later hole first would make an
     /// earlier one unreachable.
+    ///
+    /// PSNs before `holes_scanned` were looked at already (what is missing there belongs to a
+    /// WQE with a re-request under way), so a stream of responses after a hole costs each PSN
+    /// one look, not one per packet.
     fn request_holes(&mut self, p: Psn, c: &mut CompCounters) {
         let base = self.comp_psn;
-        if !base.is_before(p) {
+        let from = if self.holes_scanned.is_after(base) {
+            self.holes_scanned
+        } else {
+            base
+        };
+        if !from.is_before(p) {
             return;
         }
+        self.holes_scanned = p;
         for s in self.sq.head..self.sq.tail {
             let w = self.sq.get(s);
             if !w.psn_assigned || !w.first_psn.is_before(p) {
@@ -325,8 +344,11 @@ impl SendSide {
             }
             let end = w.last_psn().add(1);
             let stop = if p.is_before(end) { p } else { end };
-            let mut q = if base.is_after(w.first_psn) {
-                base
+            if !from.is_before(end) {
+                continue;
+            }
+            let mut q = if from.is_after(w.first_psn) {
+                from
             } else {
                 w.first_psn
             };
@@ -341,6 +363,8 @@ impl SendSide {
             }
             let Some(first) = first else { continue };
             if self.rereq.len() >= MAX_REREQUESTS {
+                // Look here again next time.
+                self.holes_scanned = w.first_psn;
                 return;
             }
             self.rereq.push_back(ReRequest {
@@ -364,6 +388,7 @@ impl SendSide {
             // The go-back-N asks again for every hole (responses received ahead are kept;
             // each READ is asked for again from its lowest missing PSN).
             self.rereq.clear();
+            self.holes_scanned = self.comp_psn;
             for s in self.sq.head..self.sq.tail {
                 self.sq.get_mut(s).rereq_end = None;
             }

@@ -195,6 +195,8 @@ pub struct SendSide {
     pub rd_seen: PsnSet,
     /// Hole re-requests the requester sends before anything else.
     pub rereq: VecDeque<ReRequest>,
+    /// READ/atomic PSNs before this one were looked at for holes already.
+    pub holes_scanned: Psn,
     /// The highest PSN the responder is known to have executed (from ACKs and responses).
     pub peer_acked: Psn,
     // --- attributes ---
@@ -233,6 +235,7 @@ impl SendSide {
             nak_retry_psn: None,
             rd_seen: PsnSet::default(),
             rereq: VecDeque::new(),
+            holes_scanned: Psn::new(0),
             peer_acked: Psn::new(0).sub(1),
             mtu: 1024,
             timeout_ns: None,
@@ -249,6 +252,7 @@ impl SendSide {
         self.sent_end = psn;
         self.comp_psn = psn;
         self.peer_acked = psn.sub(1);
+        self.holes_scanned = psn;
     }
 
     /// True while sent packets wait for acknowledgement.
