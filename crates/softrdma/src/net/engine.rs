@@ -184,7 +184,8 @@ pub struct Engine {
     stop: AtomicBool,
     /// When a CQ poller last drove progress (engine clock), for busy-poll mode.
     last_poll: AtomicU64,
-    /// The earliest transport timer pending (ns on the engine clock; `u64::MAX`: none known).
+    /// When pollers next look at the transport timers (ns on the engine clock): the earliest
+    /// deadline, or a rescan interval when none is pending.
     next_timer: AtomicU64,
     /// Counters.
     pub counters: EngineCounters,
@@ -360,10 +361,9 @@ impl Engine {
                     }
                 }
             }
-            // A held ACK goes out when due, or behind the requests of this drive: at the end
-            // of the same sendmmsg, after the peer already has the request to work on, so it
-            // costs the critical path nothing (sent alone from the poll loop it can collide
-            // with the arrival of the answer).
+            // A held ACK stays held while younger than ACK_DELAY, also when this drive comes
+            // from a post: it is not worth a datagram of its own beside the request (sending
+            // it behind the request in the same sendmmsg measured slower in send_lat).
             if held_ack.due(now) {
                 self.push_held(dst, tx, deltas, held_ack);
             }
