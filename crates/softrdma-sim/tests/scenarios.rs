@@ -45,6 +45,11 @@ impl Pair {
     fn post(&mut self, at: QpRef, wr: SendWr<'_>) {
         self.w.qp(at).post_send(&wr).expect("post_send");
     }
+    /// Post an RDMA READ of the peer's region `rkey` at `remote_addr` into `sg`.
+    fn post_read(&mut self, at: QpRef, wr_id: u64, remote_addr: u64, rkey: u32, sg: &[Sge]) {
+        let op = WrOpcode::RdmaRead { remote_addr, rkey };
+        self.post(at, SendWr::new(wr_id, op).sg(sg));
+    }
     fn recv(&mut self, at: QpRef, wr_id: u64, key: u32, len: u32) {
         let sge = [Sge {
             addr: 0x10000,
@@ -256,17 +261,7 @@ fn read_multi_packet_and_empty() {
     let data = pattern(5000, 11);
     let remote = p.data_mr(p.b, &data);
     let local = p.mr(p.a, 5000, ALL);
-    p.post(
-        p.a,
-        SendWr::new(
-            1,
-            WrOpcode::RdmaRead {
-                remote_addr: 0x10000,
-                rkey: remote,
-            },
-        )
-        .sg(&sge(local, 5000)),
-    );
+    p.post_read(p.a, 1, 0x10000, remote, &sge(local, 5000));
     p.post(
         p.a,
         SendWr::new(
@@ -401,17 +396,7 @@ fn bad_rkey_read_and_missing_qp_rights() {
     });
     let remote = p.data_mr(p.b, &[1u8; 64]);
     let local = p.mr(p.a, 64, ALL);
-    p.post(
-        p.a,
-        SendWr::new(
-            1,
-            WrOpcode::RdmaRead {
-                remote_addr: 0x10000,
-                rkey: remote,
-            },
-        )
-        .sg(&sge(local, 64)),
-    );
+    p.post_read(p.a, 1, 0x10000, remote, &sge(local, 64));
     p.run();
     assert_eq!(statuses(&p.wcs(p.a)), vec![(1, WcStatus::RemAccessErr)]);
     assert_eq!(p.contents(p.a, local), vec![0u8; 64]);
@@ -564,17 +549,7 @@ fn unsignaled_completions_keep_posting_order() {
             .sg(&sge(src, 8))
             .flags(SendFlags::NONE),
     );
-    p.post(
-        p.a,
-        SendWr::new(
-            2,
-            WrOpcode::RdmaRead {
-                remote_addr: 0x10000,
-                rkey: dst,
-            },
-        )
-        .sg(&sge(src, 8)),
-    );
+    p.post_read(p.a, 2, 0x10000, dst, &sge(src, 8));
     p.post(
         p.a,
         SendWr::new(3, WrOpcode::Send)
@@ -609,17 +584,7 @@ fn fence_waits_for_earlier_reads() {
     let local = p.mr(p.a, 8192, ALL);
     let rbuf = p.mr(p.b, 64, ALL);
     p.recv(p.b, 1, rbuf, 64);
-    p.post(
-        p.a,
-        SendWr::new(
-            1,
-            WrOpcode::RdmaRead {
-                remote_addr: 0x10000,
-                rkey: remote,
-            },
-        )
-        .sg(&sge(local, 8192)),
-    );
+    p.post_read(p.a, 1, 0x10000, remote, &sge(local, 8192));
     p.post(
         p.a,
         SendWr::new(2, WrOpcode::Send).flags(SendFlags::SIGNALED | SendFlags::FENCE),
@@ -726,17 +691,7 @@ fn lost_read_response_is_re_read() {
     let data = pattern(2000, 2);
     let remote = p.data_mr(p.b, &data);
     let local = p.mr(p.a, 2000, ALL);
-    p.post(
-        p.a,
-        SendWr::new(
-            1,
-            WrOpcode::RdmaRead {
-                remote_addr: 0x10000,
-                rkey: remote,
-            },
-        )
-        .sg(&sge(local, 2000)),
-    );
+    p.post_read(p.a, 1, 0x10000, remote, &sge(local, 2000));
     p.run();
     ok(&p.wcs(p.a)[0], 1, WcOpcode::RdmaRead, 2000);
     assert_eq!(p.contents(p.a, local), data);
@@ -821,17 +776,7 @@ fn read_re_requests_never_move_backwards() {
         let data = pattern(16 * 256, 9);
         let remote = p.data_mr(p.b, &data);
         let local = p.mr(p.a, 16 * 256, ALL);
-        p.post(
-            p.a,
-            SendWr::new(
-                1,
-                WrOpcode::RdmaRead {
-                    remote_addr: 0x10000,
-                    rkey: remote,
-                },
-            )
-            .sg(&sge(local, 16 * 256)),
-        );
+        p.post_read(p.a, 1, 0x10000, remote, &sge(local, 16 * 256));
         p.run();
         ok(&p.wcs(p.a)[0], 1, WcOpcode::RdmaRead, 16 * 256);
         assert_eq!(p.contents(p.a, local), data, "drops {drops:?}");
@@ -868,16 +813,12 @@ fn holes_in_a_stream_of_reads_are_re_read_alone() {
     let remote = p.data_mr(p.b, &data);
     let local = p.mr(p.a, 8 * 2048, ALL);
     for i in 0..8u64 {
-        p.post(
+        p.post_read(
             p.a,
-            SendWr::new(
-                i,
-                WrOpcode::RdmaRead {
-                    remote_addr: 0x10000 + i * 2048,
-                    rkey: remote,
-                },
-            )
-            .sg(&sge_at(local, i * 2048, 2048)),
+            i,
+            0x10000 + i * 2048,
+            remote,
+            &sge_at(local, i * 2048, 2048),
         );
     }
     p.run();

@@ -299,7 +299,7 @@ impl SendSide {
                     }
                 }
                 self.advance(now);
-                if p.is_after(self.comp_psn) || p == self.comp_psn {
+                if !p.is_before(self.comp_psn) {
                     // Data ahead of a hole: the responder is alive (keep the timer off
                     // the go-back-N) and the hole is asked for again, once.
                     if self.comp_psn == base {
