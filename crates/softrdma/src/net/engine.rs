@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use super::cq::CqCore;
-use super::udp::{MAX_DATAGRAM, RxBatch, TxBatch, UdpPort};
+use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
 use crate::rc::{Qp, Srq};
 use crate::wire::{ICRC_LEN, IcrcContext, IdDelta, IpHeader, Packet};
@@ -200,8 +200,10 @@ impl std::fmt::Debug for RxState {
 const RX_BATCH: usize = 32;
 
 /// In busy-poll mode, pollers count as active for this long (ns) after their last progress
-/// call; meanwhile the engine thread only runs timers.
-const POLLER_ACTIVE: u64 = 100_000;
+/// call or post; meanwhile the engine thread only runs timers. It is longer than a long post
+/// list takes to transmit (1 MiB is about half a millisecond of copying), so that the engine
+/// thread does not take over the receive path between a busy thread's posts and polls.
+const POLLER_ACTIVE: u64 = 1_000_000;
 
 /// How long the engine thread sleeps while pollers are active (they run the timers then).
 const ENGINE_NAP: u64 = 2_000_000;
@@ -305,6 +307,14 @@ impl Engine {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains_key(&qpn)
+    }
+
+    /// Note that an application thread is busy with the device (busy-poll mode: called after
+    /// posts, which a poller makes between its polls).
+    pub fn mark_active(&self) {
+        if self.mode == PollMode::BusyPoll {
+            self.last_poll.store(self.now(), Ordering::Relaxed);
+        }
     }
 
     /// Transmit whatever `cell`'s transport has ready and move its completions to the CQs.
@@ -529,14 +539,8 @@ impl Engine {
                 pending,
             } = rx;
             for i in 0..n {
-                let Some(d) = batch.get(i) else { continue };
-                for (k, seg) in d.segments().enumerate() {
-                    done += 1;
-                    if let Some(cell) = self.handle_segment(now, d.src, k, seg, deltas, defer_acks)
-                        && !pending.iter().any(|c| c.qpn == cell.qpn)
-                    {
-                        pending.push(cell);
-                    }
+                if let Some(d) = batch.get(i) {
+                    done += self.handle_datagram(now, &d, deltas, defer_acks, pending);
                 }
             }
             if n < RX_BATCH {
@@ -600,42 +604,86 @@ impl Engine {
         None
     }
 
-    fn handle_segment(
+    /// Handle the packets of one received datagram; returns how many it held. Its segments
+    /// usually belong to one QP, which stays locked across them and is driven once, after
+    /// the last of them.
+    fn handle_datagram(
         &self,
         now: u64,
-        src: SocketAddr,
-        k: usize,
-        seg: &[u8],
+        d: &Received<'_>,
         deltas: &mut Vec<IdDelta>,
         defer_acks: bool,
-    ) -> Option<Arc<QpCell>> {
-        let pkt = self.verify(src, k, seg, deltas)?;
-        let qpn = pkt.hdr.bth.dest_qp;
+        pending: &mut Vec<Arc<QpCell>>,
+    ) -> usize {
+        let mut done = 0;
+        let mut segs = d.segments().enumerate();
+        // A verified packet for another QP than the one just handled.
+        let mut carry: Option<Packet<'_>> = None;
+        loop {
+            let pkt = match carry.take() {
+                Some(p) => p,
+                None => {
+                    let Some((k, seg)) = segs.next() else { break };
+                    done += 1;
+                    match self.verify(d.src, k, seg, deltas) {
+                        Some(p) => p,
+                        None => continue,
+                    }
+                }
+            };
+            let qpn = pkt.hdr.bth.dest_qp;
+            let Some(cell) = self.find_qp(qpn) else {
+                continue;
+            };
+            let mut body = cell.lock();
+            if body.peer.map(|p| p.ip()) != Some(d.src.ip()) {
+                self.counters.rx_wrong_peer.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.handle_packet(now, &cell, &mut body, &pkt);
+            for (k, seg) in segs.by_ref() {
+                done += 1;
+                let Some(p) = self.verify(d.src, k, seg, deltas) else {
+                    continue;
+                };
+                if p.hdr.bth.dest_qp != qpn {
+                    carry = Some(p);
+                    break;
+                }
+                self.handle_packet(now, &cell, &mut body, &p);
+            }
+            let held = self.drive_inner(&cell, &mut body, now, defer_acks);
+            drop(body);
+            if held && !pending.iter().any(|c| c.qpn == cell.qpn) {
+                pending.push(cell);
+            }
+        }
+        done
+    }
+
+    /// The QP with this number (counted when there is none).
+    fn find_qp(&self, qpn: u32) -> Option<Arc<QpCell>> {
         let cell = self
             .qps
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&qpn)
             .cloned();
-        let Some(cell) = cell else {
+        if cell.is_none() {
             self.counters.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        let mut body = cell.lock();
-        if body.peer.map(|p| p.ip()) != Some(src.ip()) {
-            self.counters.rx_wrong_peer.fetch_add(1, Ordering::Relaxed);
-            return None;
         }
+        cell
+    }
+
+    /// Hand one verified packet to its (locked) QP.
+    fn handle_packet(&self, now: u64, cell: &QpCell, body: &mut QpBody, pkt: &Packet<'_>) {
         match &cell.srq {
             Some(s) => {
                 let mut srq = s.srq.lock().unwrap_or_else(|e| e.into_inner());
-                body.qp.handle_packet(now, &pkt, &*self.mem, Some(&mut srq));
+                body.qp.handle_packet(now, pkt, &*self.mem, Some(&mut srq));
             }
-            None => body.qp.handle_packet(now, &pkt, &*self.mem, None),
+            None => body.qp.handle_packet(now, pkt, &*self.mem, None),
         }
-        let pending = self.drive_inner(&cell, &mut body, now, defer_acks);
-        drop(body);
-        pending.then_some(cell)
     }
 
     /// Fire due timers of every QP; returns the earliest deadline still pending.

@@ -155,6 +155,7 @@ impl Qp {
         }
         let now = engine.now();
         engine.drive(&self.cell, &mut body, now);
+        engine.mark_active();
         Ok(())
     }
 
@@ -226,6 +227,7 @@ impl Qp {
         }
         let now = engine.now();
         engine.drive(&self.cell, &mut body, now);
+        engine.mark_active();
         res
     }
 
