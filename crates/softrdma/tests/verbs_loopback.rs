@@ -146,3 +146,61 @@ fn local_wr_waits_for_a_suspended_region() {
     assert_eq!((w.wr_id, w.status), (5, WcStatus::Success));
     assert_eq!(dst.to_vec().unwrap(), vec![9u8; 8192]);
 }
+
+/// Packets for a QP that was destroyed are dropped and counted, never handed to the old QP
+/// (the receive path remembers the last QP it delivered to), and the sender sees no success.
+#[test]
+fn packets_for_a_destroyed_qp_are_dropped() {
+    use std::sync::atomic::Ordering::Relaxed;
+    for (port, mode) in [(24795, PollMode::Blocking), (24796, PollMode::BusyPoll)] {
+        let (a, b) = pair(port, mode);
+        let src =
+            a.pd.reg_buffer(vec![5u8; 4096], Access::LOCAL_WRITE)
+                .unwrap();
+        let dst =
+            b.pd.reg_buffer(vec![0u8; 4096], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let write = |id: u64| {
+            let sge = [src.sge(0, 4096)];
+            let wr = SendWr::new(
+                id,
+                WrOpcode::RdmaWrite {
+                    remote_addr: dst.iova(),
+                    rkey: dst.rkey(),
+                },
+            )
+            .sg(&sge);
+            a.qp.post_send(&wr).unwrap();
+        };
+        // A first WRITE goes through (and makes b's receive path remember the QP).
+        write(1);
+        let w = one(&a.cq);
+        assert_eq!((w.wr_id, w.status), (1, WcStatus::Success), "{mode:?}");
+        let Side {
+            dev: b_dev,
+            qp: b_qp,
+            ..
+        } = b;
+        drop(b_qp);
+        let before = b_dev.counters().rx_unknown_qp.load(Relaxed);
+        write(2);
+        // Drive b's receive path (busy-poll mode has no poller otherwise).
+        let t0 = std::time::Instant::now();
+        while b_dev.counters().rx_unknown_qp.load(Relaxed) == before
+            && t0.elapsed() < Duration::from_secs(5)
+        {
+            b_dev.progress();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert!(
+            b_dev.counters().rx_unknown_qp.load(Relaxed) > before,
+            "{mode:?}: packets for the destroyed QP were not counted"
+        );
+        // Nobody acknowledged the WRITE: no completion yet (the retry budget is seconds).
+        let got = a.cq.wait(1, Duration::from_millis(300));
+        assert!(
+            got.iter().all(|w| w.status != WcStatus::Success),
+            "{mode:?}: a WRITE to a destroyed QP completed successfully: {got:?}"
+        );
+    }
+}

@@ -98,6 +98,11 @@ impl HeldAck {
     fn due(&self, now: u64) -> bool {
         self.len > 0 && now.saturating_sub(self.since) >= ACK_DELAY
     }
+
+    /// When the held acknowledgement (if any) is due.
+    fn due_at(&self) -> Option<u64> {
+        (self.len > 0).then(|| self.since.saturating_add(ACK_DELAY))
+    }
 }
 
 /// A shared receive queue with its lock.
@@ -165,9 +170,20 @@ impl QpCell {
 
 struct RxState {
     batch: RxBatch,
+    work: RxWork,
+}
+
+/// What the receive path keeps between packets.
+struct RxWork {
     deltas: Vec<IdDelta>,
-    /// QPs whose acknowledgements wait in their batch (busy-poll mode).
+    /// QPs holding an acknowledgement back (busy-poll mode).
     pending: Vec<Arc<QpCell>>,
+    /// No acknowledgement of `pending` is due before this (engine clock), so a poll that
+    /// finds nothing need not look at them.
+    pending_due: u64,
+    /// The QP the last packet was for, with the QP table's generation when it was looked
+    /// up (valid while the table has not changed since).
+    last_qp: Option<(u64, Arc<QpCell>)>,
 }
 
 /// One device's datapath.
@@ -177,6 +193,8 @@ pub struct Engine {
     local_ip: IpAddr,
     mem: Arc<MemoryTable>,
     qps: RwLock<HashMap<u32, Arc<QpCell>>>,
+    /// Bumped on every change of `qps` (invalidates the receive path's cached QP).
+    qp_gen: AtomicU64,
     rx: Mutex<RxState>,
     epoch: Instant,
     mode: PollMode,
@@ -228,9 +246,14 @@ impl Engine {
             qps: RwLock::new(HashMap::new()),
             rx: Mutex::new(RxState {
                 batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
-                deltas: Vec::new(),
-                pending: Vec::with_capacity(64),
+                work: RxWork {
+                    deltas: Vec::new(),
+                    pending: Vec::with_capacity(64),
+                    pending_due: u64::MAX,
+                    last_qp: None,
+                },
             }),
+            qp_gen: AtomicU64::new(0),
             epoch: Instant::now(),
             mode,
             gso,
@@ -282,18 +305,23 @@ impl Engine {
     /// Register a QP for demultiplexing.
     pub fn add_qp(&self, cell: Arc<QpCell>) {
         cell.lock().tx.set_gso(self.gso);
-        self.qps
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(cell.qpn, cell);
+        let mut qps = self.qps.write().unwrap_or_else(|e| e.into_inner());
+        qps.insert(cell.qpn, cell);
+        self.qp_gen.fetch_add(1, Ordering::Release);
     }
 
     /// Forget a QP.
     pub fn remove_qp(&self, qpn: u32) -> Option<Arc<QpCell>> {
-        self.qps
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&qpn)
+        let mut qps = self.qps.write().unwrap_or_else(|e| e.into_inner());
+        let cell = qps.remove(&qpn);
+        self.qp_gen.fetch_add(1, Ordering::Release);
+        drop(qps);
+        // Let go of the receive path's cached reference now if it is free (else the next
+        // packet replaces it).
+        if let Ok(mut rx) = self.rx.try_lock() {
+            rx.work.last_qp = None;
+        }
+        cell
     }
 
     /// QPs registered.
@@ -311,9 +339,9 @@ impl Engine {
 
     /// Note that an application thread is busy with the device (busy-poll mode: called after
     /// posts, which a poller makes between its polls).
-    pub fn mark_active(&self) {
+    pub fn mark_active(&self, now: u64) {
         if self.mode == PollMode::BusyPoll {
-            self.last_poll.store(self.now(), Ordering::Relaxed);
+            self.last_poll.store(now, Ordering::Relaxed);
         }
     }
 
@@ -323,10 +351,17 @@ impl Engine {
         self.drive_inner(cell, body, now, false);
     }
 
-    /// [`Engine::drive`]; with `defer_acks`, plain acknowledgements are left queued in the
-    /// QP's batch (returns true) to go out with its next request or the next flush, which
-    /// keeps an acknowledgement's system call off a busy poller's critical path.
-    fn drive_inner(&self, cell: &QpCell, body: &mut QpBody, now: u64, defer_acks: bool) -> bool {
+    /// [`Engine::drive`]; with `defer_acks`, plain acknowledgements are held back (the
+    /// newest replacing older ones) to go out after ACK_DELAY, which keeps an
+    /// acknowledgement's system call off a busy poller's critical path. Returns when the
+    /// held acknowledgement, if any, is due.
+    fn drive_inner(
+        &self,
+        cell: &QpCell,
+        body: &mut QpBody,
+        now: u64,
+        defer_acks: bool,
+    ) -> Option<u64> {
         let QpBody {
             qp,
             peer,
@@ -371,13 +406,15 @@ impl Engine {
                     }
                 }
             }
-            // A held ACK stays held while younger than ACK_DELAY, also when this drive comes
-            // from a post: it is not worth a datagram of its own beside the request (sending
-            // it behind the request in the same sendmmsg measured slower in send_lat).
-            if held_ack.due(now) {
-                self.push_held(dst, tx, deltas, held_ack);
-            }
+            // Requests and answers go first. A held ACK that is due goes out after them, in
+            // a datagram and system call of its own (as a GSO segment behind a small request
+            // it costs the request more than it saves) -- but not from packet handling: the
+            // next progress call sends it, after the application has seen what arrived.
             self.flush(tx);
+            if !defer_acks && held_ack.due(now) {
+                self.push_held(dst, tx, deltas, held_ack);
+                self.flush(tx);
+            }
         }
         while let Some(wc) = qp.poll_send_completion() {
             cell.send_cq.push(wc);
@@ -386,7 +423,7 @@ impl Engine {
             cell.recv_cq.push(wc);
         }
         self.timers_changed(qp.poll_timeout());
-        held_ack.len > 0
+        held_ack.due_at()
     }
 
     /// Queue the held acknowledgement (if any) for sending.
@@ -447,16 +484,18 @@ impl Engine {
     /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
     /// one stay on the list.
     fn flush_pending(&self, rx: &mut RxState, all: bool) {
-        if !rx.pending.is_empty() {
+        if !rx.work.pending.is_empty() {
             self.flush_pending_at(rx, all, self.now());
         }
     }
 
     fn flush_pending_at(&self, rx: &mut RxState, all: bool, now: u64) {
-        if rx.pending.is_empty() {
+        let w = &mut rx.work;
+        if w.pending.is_empty() || (!all && now < w.pending_due) {
             return;
         }
-        rx.pending.retain(|cell| {
+        let mut next = u64::MAX;
+        w.pending.retain(|cell| {
             let mut body = cell.lock();
             let QpBody {
                 peer,
@@ -472,8 +511,10 @@ impl Engine {
                 }
                 held_ack.len = 0;
             }
+            next = next.min(held_ack.due_at().unwrap_or(u64::MAX));
             held_ack.len > 0
         });
+        w.pending_due = next;
     }
 
     fn flush(&self, tx: &mut TxBatch) {
@@ -533,14 +574,9 @@ impl Engine {
                 .rx_datagrams
                 .fetch_add(n as u64, Ordering::Relaxed);
             let now = self.now();
-            let RxState {
-                batch,
-                deltas,
-                pending,
-            } = rx;
             for i in 0..n {
-                if let Some(d) = batch.get(i) {
-                    done += self.handle_datagram(now, &d, deltas, defer_acks, pending);
+                if let Some(d) = rx.batch.get(i) {
+                    done += self.handle_datagram(now, &d, &mut rx.work, defer_acks);
                 }
             }
             if n < RX_BATCH {
@@ -611,9 +647,8 @@ impl Engine {
         &self,
         now: u64,
         d: &Received<'_>,
-        deltas: &mut Vec<IdDelta>,
+        w: &mut RxWork,
         defer_acks: bool,
-        pending: &mut Vec<Arc<QpCell>>,
     ) -> usize {
         let mut done = 0;
         let mut segs = d.segments().enumerate();
@@ -625,14 +660,14 @@ impl Engine {
                 None => {
                     let Some((k, seg)) = segs.next() else { break };
                     done += 1;
-                    match self.verify(d.src, k, seg, deltas) {
+                    match self.verify(d.src, k, seg, &mut w.deltas) {
                         Some(p) => p,
                         None => continue,
                     }
                 }
             };
             let qpn = pkt.hdr.bth.dest_qp;
-            let Some(cell) = self.find_qp(qpn) else {
+            let Some(cell) = self.find_qp(qpn, &mut w.last_qp) else {
                 continue;
             };
             let mut body = cell.lock();
@@ -643,7 +678,7 @@ impl Engine {
             self.handle_packet(now, &cell, &mut body, &pkt);
             for (k, seg) in segs.by_ref() {
                 done += 1;
-                let Some(p) = self.verify(d.src, k, seg, deltas) else {
+                let Some(p) = self.verify(d.src, k, seg, &mut w.deltas) else {
                     continue;
                 };
                 if p.hdr.bth.dest_qp != qpn {
@@ -652,27 +687,37 @@ impl Engine {
                 }
                 self.handle_packet(now, &cell, &mut body, &p);
             }
-            let held = self.drive_inner(&cell, &mut body, now, defer_acks);
+            let due = self.drive_inner(&cell, &mut body, now, defer_acks);
             drop(body);
-            if held && !pending.iter().any(|c| c.qpn == cell.qpn) {
-                pending.push(cell);
+            if let Some(t) = due {
+                w.pending_due = w.pending_due.min(t);
+                if !w.pending.iter().any(|c| c.qpn == cell.qpn) {
+                    w.pending.push(cell);
+                }
             }
         }
         done
     }
 
-    /// The QP with this number (counted when there is none).
-    fn find_qp(&self, qpn: u32) -> Option<Arc<QpCell>> {
-        let cell = self
-            .qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn)
-            .cloned();
-        if cell.is_none() {
-            self.counters.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
+    /// The QP with this number (counted when there is none): `last` when it is that QP and
+    /// the table has not changed since it was looked up.
+    fn find_qp(&self, qpn: u32, last: &mut Option<(u64, Arc<QpCell>)>) -> Option<Arc<QpCell>> {
+        if let Some((generation, cell)) = last.as_ref()
+            && cell.qpn == qpn
+            && *generation == self.qp_gen.load(Ordering::Acquire)
+        {
+            return Some(Arc::clone(cell));
         }
-        cell
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let generation = self.qp_gen.load(Ordering::Acquire);
+        let Some(cell) = qps.get(&qpn).cloned() else {
+            drop(qps);
+            self.counters.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        drop(qps);
+        *last = Some((generation, Arc::clone(&cell)));
+        Some(cell)
     }
 
     /// Hand one verified packet to its (locked) QP.

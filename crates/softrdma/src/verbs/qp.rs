@@ -155,7 +155,7 @@ impl Qp {
         }
         let now = engine.now();
         engine.drive(&self.cell, &mut body, now);
-        engine.mark_active();
+        engine.mark_active(now);
         Ok(())
     }
 
@@ -227,7 +227,7 @@ impl Qp {
         }
         let now = engine.now();
         engine.drive(&self.cell, &mut body, now);
-        engine.mark_active();
+        engine.mark_active(now);
         res
     }
 
