@@ -518,6 +518,11 @@ pub struct Row {
     pub lat_us: [f64; 5],
     /// CPU seconds (user + system) this process used per GB moved, bandwidth tests.
     pub cpu_s_per_gb: f64,
+    /// The client QP's retransmission timeouts and go-back-N rounds during the row (a
+    /// figure hurt by losses in the socket buffers shows here).
+    pub timeouts: u64,
+    /// See `timeouts`.
+    pub retransmits: u64,
 }
 
 fn cpu_seconds() -> f64 {
@@ -622,6 +627,8 @@ fn bw_client(
         msg_rate: iters as f64 / secs,
         lat_us: [0.0; 5],
         cpu_s_per_gb: cpu / (bytes / 1e9),
+        timeouts: 0,
+        retransmits: 0,
     })
 }
 
@@ -639,6 +646,8 @@ fn lat_row(test: Test, size: usize, mut t: Vec<Duration>, halve: bool) -> Row {
         msg_rate: 0.0,
         lat_us: [at(0.0), at(0.5), avg, at(0.99), at(1.0)],
         cpu_s_per_gb: 0.0,
+        timeouts: 0,
+        retransmits: 0,
     }
 }
 
@@ -798,7 +807,8 @@ pub fn client(
             return Err(format!("server: {ready}").into());
         }
         let mut progress = Progress::new(format!("{} {size} B", test.name()));
-        let row = match test {
+        let before = c.qp.counters().comp;
+        let mut row = match test {
             t if t.is_bw() => bw_client(&c, &peer, t, size, iters, opts, &mut progress)?,
             Test::WriteLat => {
                 c.mr.write(size as u64 - 1, &[0])?;
@@ -813,6 +823,9 @@ pub fn client(
             _ => lat_row(test, size, send_lat_client(&c, size, iters)?, true),
         };
         progress.finish();
+        let after = c.qp.counters().comp;
+        row.timeouts = after.timeouts - before.timeouts;
+        row.retransmits = after.retransmits - before.retransmits;
         w.write_all(b"end\n")?;
         let ok = line(&mut r)?;
         if ok != "ok" {
@@ -893,6 +906,7 @@ fn print_row(row: &Row, opts: &PerfOpts, out: &mut dyn Write) -> Res<()> {
             "lat_min_us": row.lat_us[0], "lat_typical_us": row.lat_us[1], "lat_avg_us": row.lat_us[2],
             "lat_p99_us": row.lat_us[3], "lat_max_us": row.lat_us[4],
             "mtu": opts.mtu, "mode": if opts.mode == Mode::Busy { "busy" } else { "blocking" },
+            "timeouts": row.timeouts, "retransmits": row.retransmits,
         });
         writeln!(out, "{v}")?;
     } else if row.test.is_bw() {
