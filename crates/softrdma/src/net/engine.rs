@@ -553,7 +553,10 @@ impl Engine {
         done
     }
 
-    /// Receive and handle up to a few batches of datagrams.
+    /// Receive and handle up to a few batches of datagrams. Plain acknowledgements are held
+    /// while a batch is handled, so that a QP sends one (the newest) per batch; with
+    /// `defer_acks` (busy-poll mode) they stay held for up to ACK_DELAY, else they go out
+    /// at the end of each batch.
     fn receive(&self, rx: &mut RxState, defer_acks: bool) -> usize {
         self.receive_at(rx, defer_acks, self.now())
     }
@@ -576,8 +579,11 @@ impl Engine {
             let now = self.now();
             for i in 0..n {
                 if let Some(d) = rx.batch.get(i) {
-                    done += self.handle_datagram(now, &d, &mut rx.work, defer_acks);
+                    done += self.handle_datagram(now, &d, &mut rx.work);
                 }
+            }
+            if !defer_acks {
+                self.flush_pending(rx, true);
             }
             if n < RX_BATCH {
                 break;
@@ -586,9 +592,6 @@ impl Engine {
         self.counters
             .rx_packets
             .fetch_add(done as u64, Ordering::Relaxed);
-        if !defer_acks {
-            self.flush_pending(rx, true);
-        }
         done
     }
 
@@ -642,14 +645,9 @@ impl Engine {
 
     /// Handle the packets of one received datagram; returns how many it held. Its segments
     /// usually belong to one QP, which stays locked across them and is driven once, after
-    /// the last of them.
-    fn handle_datagram(
-        &self,
-        now: u64,
-        d: &Received<'_>,
-        w: &mut RxWork,
-        defer_acks: bool,
-    ) -> usize {
+    /// the last of them; a plain acknowledgement it produces is held (the QP joins
+    /// `w.pending`).
+    fn handle_datagram(&self, now: u64, d: &Received<'_>, w: &mut RxWork) -> usize {
         let mut done = 0;
         let mut segs = d.segments().enumerate();
         // A verified packet for another QP than the one just handled.
@@ -687,7 +685,7 @@ impl Engine {
                 }
                 self.handle_packet(now, &cell, &mut body, &p);
             }
-            let due = self.drive_inner(&cell, &mut body, now, defer_acks);
+            let due = self.drive_inner(&cell, &mut body, now, true);
             drop(body);
             if let Some(t) = due {
                 w.pending_due = w.pending_due.min(t);
