@@ -565,7 +565,8 @@ impl Engine {
     fn receive_at(&self, rx: &mut RxState, defer_acks: bool, now: u64) -> usize {
         self.flush_pending_at(rx, !defer_acks, now);
         let mut done = 0;
-        for _ in 0..8 {
+        let mut now = now;
+        for round in 0..8 {
             let n = match self.port.recv(&mut rx.batch) {
                 Ok(n) => n,
                 Err(_) => break,
@@ -576,7 +577,10 @@ impl Engine {
             self.counters
                 .rx_datagrams
                 .fetch_add(n as u64, Ordering::Relaxed);
-            let now = self.now();
+            // The caller's clock reading is fresh for the first batch.
+            if round > 0 {
+                now = self.now();
+            }
             for i in 0..n {
                 if let Some(d) = rx.batch.get(i) {
                     done += self.handle_datagram(now, &d, &mut rx.work);
