@@ -538,11 +538,14 @@ impl Engine {
     /// Receive and process what is queued on the socket, if no other thread is doing so.
     /// Returns the number of packets processed. Also runs due timers when `timers` is set.
     pub fn progress(&self, timers: bool) -> usize {
+        // The poller counts as active even when it finds the receive path taken: otherwise an
+        // engine thread that stepped in while pollers were quiet would keep it (and compete
+        // with spinning pollers for the cores) for as long as they keep finding it taken.
+        let now = self.now();
+        self.last_poll.store(now, Ordering::Relaxed);
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        let now = self.now();
-        self.last_poll.store(now, Ordering::Relaxed);
         let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, now);
         drop(rx);
         // Active pollers also fire due timers, so that the engine thread can stay asleep
