@@ -204,3 +204,112 @@ fn packets_for_a_destroyed_qp_are_dropped() {
         );
     }
 }
+
+/// One datagram may carry packets for several QPs (on a real link GRO merges one flow's
+/// packets, and all QPs of two devices share the UDP flow 4791 -> 4791): each packet reaches
+/// its own QP, in order. A GSO datagram of four WRITEs, for QPs 1, 1, 2, 1, is injected from
+/// the first device's address.
+#[test]
+fn one_datagram_with_packets_for_two_qps() {
+    use softrdma::net::{PortOptions, TxBatch, UdpPort};
+    use softrdma::wire::{
+        BthRepr, HeaderRepr, IcrcContext, IpHeader, Opcode, Packet, Psn, RethRepr,
+    };
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    let a = side([127, 0, 0, 1], 24797, PollMode::Blocking);
+    let b = side([127, 0, 0, 2], 24797, PollMode::Blocking);
+    let b2_qp = b.pd.create_qp(&QpInitAttr::new(&b.cq)).unwrap();
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let attr = |dest: u32, rq_psn: u32| QpAttr {
+        path_mtu: Mtu::Mtu1024,
+        qp_access_flags: all,
+        dest_qp_num: dest,
+        sq_psn: 0,
+        rq_psn,
+        ..QpAttr::default()
+    };
+    // Only b's side matters: the packets are injected, not sent by a's QPs.
+    b.qp.connect(a.dev.addr(), &attr(a.qp.qp_num(), 100))
+        .unwrap();
+    b2_qp
+        .connect(a.dev.addr(), &attr(a.qp.qp_num(), 500))
+        .unwrap();
+    let m1 = b.pd.reg_buffer(vec![0u8; 256], all).unwrap();
+    let m2 = b.pd.reg_buffer(vec![0u8; 256], all).unwrap();
+
+    let inject = UdpPort::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        PortOptions {
+            nonblocking: true,
+            ..PortOptions::default()
+        },
+    )
+    .unwrap();
+    let src_port = inject.local_addr().port();
+    // (destination QP, PSN, region, offset, fill byte)
+    let plan = [
+        (b.qp.qp_num(), 100, &m1, 0u64, 0x11u8),
+        (b.qp.qp_num(), 101, &m1, 64, 0x22),
+        (b2_qp.qp_num(), 500, &m2, 0, 0x33),
+        (b.qp.qp_num(), 102, &m1, 128, 0x44),
+    ];
+    let mut datagram = Vec::new();
+    let mut seg = 0;
+    for (k, (qpn, psn, mr, off, fill)) in plan.iter().enumerate() {
+        let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_WRITE_ONLY, *qpn, Psn::new(*psn)));
+        h.bth.ack_req = true;
+        h.reth = Some(RethRepr {
+            va: mr.iova() + off,
+            rkey: mr.rkey(),
+            dma_len: 64,
+        });
+        let payload = [*fill; 64];
+        let pkt = Packet {
+            hdr: h,
+            payload: &payload,
+            icrc: 0,
+        };
+        // Segment k of a GSO datagram leaves with IPv4 identification k.
+        let ctx = IcrcContext {
+            ip: IpHeader::V4 {
+                src: Ipv4Addr::new(127, 0, 0, 1),
+                dst: Ipv4Addr::new(127, 0, 0, 2),
+                id: k as u16,
+                dont_fragment: true,
+            },
+            src_port,
+            dst_port: 24797,
+        };
+        let mut buf = [0u8; 256];
+        let n = pkt.emit(&ctx, &mut buf).unwrap();
+        seg = n;
+        datagram.extend_from_slice(&buf[..n]);
+    }
+    let mut tx = TxBatch::new(1, datagram.len());
+    let dst: SocketAddr = "127.0.0.2:24797".parse().unwrap();
+    assert!(tx.push(dst, &datagram, seg as u16));
+    inject.send(&mut tx).unwrap();
+
+    let t0 = std::time::Instant::now();
+    let want1: Vec<u8> = [[0x11u8; 64], [0x22; 64], [0x44; 64], [0; 64]].concat();
+    let want2: Vec<u8> = [[0x33u8; 64].as_slice(), &[0; 192]].concat();
+    while (m1.to_vec().unwrap() != want1 || m2.to_vec().unwrap() != want2)
+        && t0.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(m1.to_vec().unwrap(), want1, "QP 1's three WRITEs");
+    assert_eq!(m2.to_vec().unwrap(), want2, "QP 2's WRITE");
+    let c = b.dev.counters();
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(c.rx_datagrams.load(Relaxed), 1, "one datagram");
+    assert_eq!(c.rx_packets.load(Relaxed), 4, "four packets");
+    assert_eq!(c.rx_bad.load(Relaxed), 0);
+    assert_eq!(
+        b.qp.counters().resp.duplicates + b2_qp.counters().resp.duplicates,
+        0
+    );
+    assert_eq!(b.qp.counters().packets_received, 3);
+    assert_eq!(b2_qp.counters().packets_received, 1);
+}
