@@ -176,7 +176,8 @@ struct RxState {
 /// What the receive path keeps between packets.
 struct RxWork {
     deltas: Vec<IdDelta>,
-    /// QPs holding an acknowledgement back (busy-poll mode).
+    /// QPs holding an acknowledgement back (until the end of a receive batch; in busy-poll
+    /// mode up to ACK_DELAY).
     pending: Vec<Arc<QpCell>>,
     /// No acknowledgement of `pending` is due before this (engine clock), so a poll that
     /// finds nothing need not look at them.

@@ -203,6 +203,26 @@ impl RecvSide {
         RespOutcome::Fatal
     }
 
+    /// Answer a refused memory access: RNR NAK while the region is suspended (the retry
+    /// meets it resumed, moved or gone), else the NAK [`map_err`] names.
+    pub(super) fn refused(
+        &mut self,
+        psn: Psn,
+        e: AccessError,
+        c: &mut RespCounters,
+    ) -> RespOutcome {
+        match map_err(e) {
+            None => self.rnr(psn, c),
+            Some(code) => self.nak(psn, code, c),
+        }
+    }
+
+    /// Count a completed message (the MSN is 24 bits) and return its number.
+    pub(super) fn next_msn(&mut self) -> u32 {
+        self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+        self.msn
+    }
+
     pub(super) fn rnr(&mut self, psn: Psn, c: &mut RespCounters) -> RespOutcome {
         c.rnr_naks_sent += 1;
         // The packets behind this one are out of sequence until it is resent: no NAK-sequence
@@ -396,7 +416,7 @@ impl RecvSide {
                 wc.invalidated_rkey = Some(rkey);
             }
             cq.push_back(wc);
-            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.next_msn();
             self.msg = InMsg::Idle;
         } else {
             self.msg = InMsg::Send {
@@ -451,10 +471,7 @@ impl RecvSide {
                         Access::REMOTE_WRITE,
                     )
                 {
-                    return match map_err(e) {
-                        None => self.rnr(psn, c),
-                        Some(code) => self.nak(psn, code, c),
-                    };
+                    return self.refused(psn, e, c);
                 }
                 (reth.va, reth.rkey, reth.dma_len, 0)
             }
@@ -476,10 +493,7 @@ impl RecvSide {
                 Access::REMOTE_WRITE,
             )
         {
-            return match map_err(e) {
-                None => self.rnr(psn, c),
-                Some(code) => self.nak(psn, code, c),
-            };
+            return self.refused(psn, e, c);
         }
         if pos.ends() {
             if imm {
@@ -498,7 +512,7 @@ impl RecvSide {
                 wc.imm_data = pkt.hdr.immdt;
                 cq.push_back(wc);
             }
-            self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
+            self.next_msn();
             self.msg = InMsg::Idle;
         } else {
             self.msg = InMsg::Write {

@@ -4,7 +4,7 @@
 //! atomic answered from the cache.
 
 use super::requester::packets_for;
-use super::responder::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response, map_err};
+use super::responder::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response};
 use crate::mem::{Access, AccessCtx, AtomicOp, MemoryAccess};
 use crate::wire::{NakCode, OpKind, Packet};
 
@@ -49,13 +49,9 @@ impl RecvSide {
                 Access::REMOTE_READ,
             )
         {
-            return match map_err(e) {
-                None => self.rnr(psn, c),
-                Some(code) => self.nak(psn, code, c),
-            };
+            return self.refused(psn, e, c);
         }
-        self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
-        let msn = self.msn;
+        let msn = self.next_msn();
         self.resp.push_back(Response::Read {
             psn,
             va: reth.va,
@@ -98,17 +94,13 @@ impl RecvSide {
         match mem.atomic(actx, a.rkey, a.va, op) {
             Ok(orig) => {
                 self.cache.insert(psn, orig);
-                self.msn = self.msn.wrapping_add(1) & 0x00ff_ffff;
-                let msn = self.msn;
+                let msn = self.next_msn();
                 self.resp.push_back(Response::Atomic { psn, orig, msn });
                 self.rd_atomic_queued += 1;
                 self.epsn = psn.add(1);
                 RespOutcome::Ok
             }
-            Err(e) => match map_err(e) {
-                None => self.rnr(psn, c),
-                Some(code) => self.nak(psn, code, c),
-            },
+            Err(e) => self.refused(psn, e, c),
         }
     }
 
