@@ -313,3 +313,72 @@ fn one_datagram_with_packets_for_two_qps() {
     assert_eq!(b.qp.counters().packets_received, 3);
     assert_eq!(b2_qp.counters().packets_received, 1);
 }
+
+/// Busy-poll mode: while application threads poll, they receive, and the engine thread naps
+/// instead of being woken by every datagram. A stream of 64 KiB WRITEs keeps both sockets
+/// readable; a receive can outlast the poller-activity window, and a loaded machine preempts
+/// pollers, and neither may turn the engine thread into a third thread spinning on the two
+/// pollers' cores. Every wake-up that did not receive is followed by a nap of ENGINE_NAP
+/// (2 ms), so there are at most about one per millisecond.
+#[test]
+fn busy_poll_engine_thread_naps_while_pollers_receive() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let (a, b) = pair(24798, PollMode::BusyPoll);
+    const LEN: usize = 65536;
+    let src =
+        a.pd.reg_buffer(vec![3u8; LEN], Access::LOCAL_WRITE)
+            .unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; LEN], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let stop = AtomicBool::new(false);
+    let wasted = |d: &Device| {
+        let c = d.counters();
+        c.thread_wakeups.load(Relaxed) - c.thread_receives.load(Relaxed)
+    };
+    std::thread::scope(|s| {
+        // b's poller: the passive side of a bandwidth test.
+        s.spawn(|| {
+            while !stop.load(Relaxed) {
+                b.dev.progress();
+            }
+        });
+        let (wa0, wb0) = (wasted(&a.dev), wasted(&b.dev));
+        let t0 = std::time::Instant::now();
+        let sge = [src.sge(0, LEN as u32)];
+        let (mut posted, mut done) = (0u64, 0u64);
+        let mut wc = [EMPTY_WC; 16];
+        while t0.elapsed() < Duration::from_millis(400) && done < 20_000 {
+            while posted - done < 32 {
+                let wr = SendWr::new(
+                    posted,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: dst.iova(),
+                        rkey: dst.rkey(),
+                    },
+                )
+                .sg(&sge);
+                a.qp.post_send(&wr).unwrap();
+                posted += 1;
+            }
+            let n = a.cq.poll(&mut wc);
+            for w in &wc[..n] {
+                assert_eq!(w.status, WcStatus::Success);
+                done += 1;
+            }
+        }
+        let ms = t0.elapsed().as_millis() as u64;
+        stop.store(true, Relaxed);
+        let (wa, wb) = (wasted(&a.dev) - wa0, wasted(&b.dev) - wb0);
+        println!("{done} WRITEs in {ms} ms; engine wake-ups without a receive: a {wa}, b {wb}");
+        assert!(done > 0, "no WRITE completed");
+        for (side, w) in [("requester", wa), ("responder", wb)] {
+            assert!(
+                w <= ms + 50,
+                "the {side}'s engine thread woke {w} times in {ms} ms without receiving"
+            );
+        }
+    });
+    // Leave no WRITE in flight for the devices' teardown.
+    let _ = a.cq.wait(1, Duration::from_millis(100));
+}

@@ -57,6 +57,11 @@ pub struct EngineCounters {
     pub tx_packets: AtomicU64,
     /// Send errors.
     pub tx_errors: AtomicU64,
+    /// Times the engine thread woke up (a timer, a packet, or a nap's end).
+    pub thread_wakeups: AtomicU64,
+    /// Times the engine thread received for the device (always in blocking mode; in
+    /// busy-poll mode only while no application thread polls).
+    pub thread_receives: AtomicU64,
 }
 
 /// A QP's mutable half.
@@ -547,7 +552,7 @@ impl Engine {
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, now);
+        let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, true, now);
         drop(rx);
         // Active pollers also fire due timers, so that the engine thread can stay asleep
         // instead of preempting them.
@@ -562,11 +567,13 @@ impl Engine {
     /// `defer_acks` (busy-poll mode) they stay held for up to ACK_DELAY, else they go out
     /// at the end of each batch.
     fn receive(&self, rx: &mut RxState, defer_acks: bool) -> usize {
-        self.receive_at(rx, defer_acks, self.now())
+        self.receive_at(rx, defer_acks, false, self.now())
     }
 
-    /// [`Engine::receive`] with the clock already read.
-    fn receive_at(&self, rx: &mut RxState, defer_acks: bool, now: u64) -> usize {
+    /// [`Engine::receive`] with the clock already read; a `poller` (an application thread)
+    /// counts as active at every batch, so that a long receive does not look like a quiet
+    /// poller to the engine thread.
+    fn receive_at(&self, rx: &mut RxState, defer_acks: bool, poller: bool, now: u64) -> usize {
         self.flush_pending_at(rx, !defer_acks, now);
         let mut done = 0;
         let mut now = now;
@@ -584,6 +591,9 @@ impl Engine {
             // The caller's clock reading is fresh for the first batch.
             if round > 0 {
                 now = self.now();
+                if poller {
+                    self.last_poll.store(now, Ordering::Relaxed);
+                }
             }
             for i in 0..n {
                 if let Some(d) = rx.batch.get(i) {
@@ -787,6 +797,11 @@ impl Engine {
     /// next timer, then make progress.
     pub fn run(&self) {
         const IDLE: u64 = 50_000_000; // wake at least every 50 ms to notice `stop`
+        // Busy-poll mode: the socket woke this thread but a poller had the packets (it was
+        // active again, or still inside a long receive); the next wait is a nap that does
+        // not watch the socket, so that a steady stream of packets cannot keep waking the
+        // thread to spin against the pollers for the cores.
+        let mut woken_for_nothing = false;
         while !self.stop.load(Ordering::Acquire) {
             let next = self.run_timers();
             let now = self.now();
@@ -796,7 +811,9 @@ impl Engine {
             let watch_socket = match self.mode {
                 PollMode::Blocking => true,
                 PollMode::BusyPoll => {
-                    now.saturating_sub(self.last_poll.load(Ordering::Relaxed)) > POLLER_ACTIVE
+                    !woken_for_nothing
+                        && now.saturating_sub(self.last_poll.load(Ordering::Relaxed))
+                            > POLLER_ACTIVE
                 }
             };
             // While pollers are active they fire timers themselves; the thread naps longer
@@ -813,7 +830,8 @@ impl Engine {
             };
             let nfds = if watch_socket { 1 } else { 0 };
             // SAFETY: `p` is one valid pollfd (ignored when nfds is 0) and `ts` a valid timeout.
-            unsafe { libc::ppoll(&mut p, nfds, &ts, std::ptr::null()) };
+            let ready = unsafe { libc::ppoll(&mut p, nfds, &ts, std::ptr::null()) } > 0;
+            self.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
             // Receive only when it is this thread's turn: always in blocking mode, and in
             // busy-poll mode once pollers have gone quiet (competing with an active poller
             // only adds lock hand-offs and reorders nothing for the better).
@@ -824,11 +842,26 @@ impl Engine {
             // While pollers are active they hold the receive path (and send held ACKs when
             // due); this thread keeps off the receive lock, so that being preempted while
             // holding it can never stall them.
-            if (self.mode == PollMode::Blocking || pollers_quiet)
-                && let Ok(mut rx) = self.rx.try_lock()
-            {
-                // Progress without marking a poller active.
-                self.receive(&mut rx, false);
+            woken_for_nothing = false;
+            let rx = match self.mode {
+                // The receive path is this thread's (an application thread that calls
+                // `progress` meanwhile is waited for, not spun against).
+                PollMode::Blocking => Some(self.rx.lock().unwrap_or_else(|e| e.into_inner())),
+                PollMode::BusyPoll if pollers_quiet => self.rx.try_lock().ok(),
+                PollMode::BusyPoll => None,
+            };
+            match rx {
+                Some(mut rx) => {
+                    // Progress without marking a poller active.
+                    self.counters
+                        .thread_receives
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.receive(&mut rx, false);
+                }
+                // A poller holds the receive path (a poller inside a long receive has not
+                // marked itself active for a while), or was active again by the time this
+                // thread ran.
+                None => woken_for_nothing = ready || pollers_quiet,
             }
         }
     }
