@@ -166,6 +166,22 @@ pub trait MemoryAccess {
         access: Access,
     ) -> Result<(), AccessError>;
 
+    /// Lend `[iova, iova+len)` under the region key `key` to the transmit path instead of
+    /// copying it, requiring `access` (see [`Lent`](super::Lent)): `Ok(None)` when the memory
+    /// must be copied (memory the application may unmap at any moment, windows, or an
+    /// implementation that does not lend). Errors are those of [`MemoryAccess::read`].
+    fn lend(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<super::Lent>, AccessError> {
+        let _ = (ctx, key, iova, len, access);
+        Ok(None)
+    }
+
     /// Execute an atomic on the 8 bytes at `iova` (must be 8-aligned) under `key`, which
     /// needs `REMOTE_ATOMIC`. Values are in host order. Returns the original value.
     fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::copy::{self, CopyMode};
 use super::region::MrState;
 use super::table::{Entry, read};
-use super::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess, MemoryTable};
+use super::{Access, AccessCtx, AccessError, AtomicOp, Lent, MemoryAccess, MemoryTable};
 
 impl MemoryTable {
     /// Validate `[iova, iova+len)` under `key` for `need` by `ctx`, then run `f` on the host
@@ -112,6 +112,31 @@ impl MemoryAccess for MemoryTable {
             // SAFETY: as in `write`: a validated range of a live region, guards held.
             unsafe { copy::fetch(m, p, out) }.map_err(|_| AccessError::Fault(key))
         })
+    }
+
+    fn lend(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<Lent>, AccessError> {
+        let g = read(self.slot(key)?);
+        match &*g {
+            Entry::Mr { key: k, mr } if *k == key => {
+                let st = read(&mr.state);
+                let p = st.resolve(key, ctx, iova, len, access)?;
+                if st.backing.is_raw() && self.raw_copy != CopyMode::Plain {
+                    return Ok(None);
+                }
+                // Counted while the state is read-locked: a change of state that follows
+                // waits for this guard (see `lend.rs`).
+                Ok(Some(Lent::new(mr, p, len as usize)))
+            }
+            Entry::Mw(mw) if mw.key == key => Ok(None),
+            _ => Err(AccessError::InvalidKey(key)),
+        }
     }
 
     fn atomic(

@@ -130,6 +130,7 @@ impl MemoryTable {
             state: RwLock::new(state),
             windows: Default::default(),
             faulted: Default::default(),
+            lent: Default::default(),
         });
         if raw {
             self.coherence
@@ -176,6 +177,8 @@ impl MemoryTable {
                 st.pd,
             )
         };
+        // Bytes lent to datagrams not yet sent stay where they are until then.
+        mr.wait_unlent();
         self.coherence.unwatch(lkey);
         self.pinner.unpin(pin);
         self.pds.release(pd);
@@ -216,17 +219,21 @@ impl MemoryTable {
         }
     }
 
-    /// Run `f` with the region's state write-locked (every access in flight has finished).
+    /// Run `f` with the region's state write-locked (every access in flight has finished),
+    /// then wait, with no lock held, for bytes lent before the change to be sent.
     fn with_mr_mut<R>(
         &self,
         lkey: u32,
         f: impl FnOnce(&Mr, &mut MrState) -> R,
     ) -> Result<R, MemError> {
         let g = read(self.slot(lkey)?);
-        match &*g {
-            Entry::Mr { key, mr } if *key == lkey => Ok(f(mr, &mut write(&mr.state))),
-            _ => Err(MemError::InvalidKey(lkey)),
-        }
+        let (r, mr) = match &*g {
+            Entry::Mr { key, mr } if *key == lkey => (f(mr, &mut write(&mr.state)), Arc::clone(mr)),
+            _ => return Err(MemError::InvalidKey(lkey)),
+        };
+        drop(g);
+        mr.wait_unlent();
+        Ok(r)
     }
 
     /// Invalidate the region `lkey` (every later access fails with `Invalidated`), after the
@@ -266,7 +273,7 @@ impl MemoryTable {
             }
             let Some(src) = new else {
                 st.status = MrStatus::Valid;
-                return Ok((Returned::none(), false));
+                return Ok(None);
             };
             if src.len() != st.backing.len() {
                 let len = src.len() as u64;
@@ -295,13 +302,16 @@ impl MemoryTable {
             let old = core::mem::replace(&mut st.backing, backing);
             st.status = MrStatus::Valid;
             tracing::debug!(key = lkey, "resume_mr with a new backing");
-            Ok((old.into_returned(), true))
+            Ok(Some(old))
         });
-        let (returned, moved) = r.map_err(RegError::from)??;
-        if moved {
-            self.rewatch(lkey);
+        // The old backing is released only now that nothing lent from it is outstanding.
+        match r.map_err(RegError::from)?? {
+            Some(old) => {
+                self.rewatch(lkey);
+                Ok(old.into_returned())
+            }
+            None => Ok(Returned::none()),
         }
-        Ok(returned)
     }
 
     /// Watch the region `lkey` anew after its backing changed (or it became valid again).
@@ -409,7 +419,7 @@ impl MemoryTable {
                 if let Some(p) = b.remap_request() {
                     st.remap = p;
                 }
-                core::mem::replace(&mut st.backing, b).into_returned()
+                Some(core::mem::replace(&mut st.backing, b))
             }
             None => {
                 if new_access.contains(Access::ZERO_BASED) {
@@ -417,7 +427,7 @@ impl MemoryTable {
                 } else if st.access.contains(Access::ZERO_BASED) {
                     st.iova = st.backing.ptr() as u64;
                 }
-                Returned::none()
+                None
             }
         };
         st.access = new_access;
@@ -427,7 +437,11 @@ impl MemoryTable {
         tracing::debug!(key = lkey, "rereg_mr");
         let out = info(lkey, &st);
         drop(st);
+        let mr = Arc::clone(mr);
         drop(g);
+        // The old backing is released only once nothing lent from it is outstanding.
+        mr.wait_unlent();
+        let returned = returned.map_or_else(Returned::none, Backing::into_returned);
         self.rewatch(lkey);
         Ok((out, returned))
     }

@@ -104,6 +104,8 @@ pub(crate) struct Mr {
     pub(crate) windows: AtomicU32,
     /// An access faulted since the backing was set (reported once).
     pub(crate) faulted: AtomicBool,
+    /// Bytes lent to the transmit path and not yet sent ([`super::lend`]).
+    pub(crate) lent: AtomicU32,
 }
 
 impl MrState {

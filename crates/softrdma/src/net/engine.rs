@@ -21,7 +21,8 @@ use std::time::Instant;
 use super::cq::CqCore;
 use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
-use crate::rc::{Qp, Srq};
+use crate::rc::requester::LEND_MAX_PIECES;
+use crate::rc::{Gather, Qp, Srq};
 use crate::wire::{ICRC_LEN, IcrcContext, IdDelta, IpHeader, Packet};
 
 /// How the engine waits for packets.
@@ -57,6 +58,9 @@ pub struct EngineCounters {
     pub tx_packets: AtomicU64,
     /// Send errors.
     pub tx_errors: AtomicU64,
+    /// Packets sent zero-copy: their payload went from the region to the socket without
+    /// passing through the transmit buffer.
+    pub tx_zero_copy: AtomicU64,
     /// Times the engine thread woke up (a timer, a packet, or a nap's end).
     pub thread_wakeups: AtomicU64,
     /// Times the engine thread received for the device (always in blocking mode; in
@@ -72,6 +76,8 @@ pub struct QpBody {
     /// Where its packets go (set from the address vector on INIT→RTR).
     pub peer: Option<SocketAddr>,
     tx: TxBatch,
+    /// Payload lent for the packet being built (moves into `tx`).
+    gather: Gather,
     deltas: Vec<IdDelta>,
     held_ack: HeldAck,
 }
@@ -153,6 +159,10 @@ impl QpCell {
                 // Room for one full GSO datagram plus a packet (the arena is zero pages until
                 // used, so small-MTU QPs that never fill it do not pay for it).
                 tx: TxBatch::new(64, MAX_DATAGRAM + max),
+                gather: Gather {
+                    pieces: Vec::with_capacity(LEND_MAX_PIECES),
+                    split: 0,
+                },
                 deltas: Vec::with_capacity(4),
                 held_ack: HeldAck {
                     bytes: [0; HeldAck::CAP],
@@ -372,6 +382,7 @@ impl Engine {
             qp,
             peer,
             tx,
+            gather,
             deltas,
             held_ack,
         } = body;
@@ -383,14 +394,23 @@ impl Engine {
                     self.flush(tx);
                 }
                 let mem: &MemoryTable = &self.mem;
-                match tx.push_packet(dst, max, |buf| qp.poll_transmit(now, mem, buf).unwrap_or(0)) {
-                    Some((0, _)) => break,
-                    Some((n, k)) => {
+                // Request payloads from memory the engine keeps alive are lent, not copied:
+                // the kernel copies them from the region during the send.
+                let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
+                    qp.poll_transmit_gather(now, mem, buf, g).unwrap_or(0)
+                });
+                match built {
+                    Some((0, _, _)) => break,
+                    Some((wire, n, k)) => {
+                        if wire > n {
+                            self.counters.tx_zero_copy.fetch_add(1, Ordering::Relaxed);
+                        }
                         let pkt = tx.last_packet_mut(n);
                         // A plain ACK (opcode 0x11, ACK syndrome): acknowledgements are
                         // cumulative, so in busy-poll mode the newest one is held back and
                         // replaces older ones, and goes out alone after ACK_DELAY.
                         if defer_acks
+                            && wire == n
                             && n <= HeldAck::CAP
                             && pkt[0] == 0x11
                             && pkt.len() > 12
@@ -401,7 +421,7 @@ impl Engine {
                             continue;
                         }
                         if k > 0 && v4 {
-                            fix_icrc_for_id(deltas, pkt, k);
+                            fix_icrc_for_id(deltas, pkt, wire, k);
                         }
                     }
                     None => {
@@ -453,7 +473,7 @@ impl Engine {
         }) && k > 0
             && dst.is_ipv4()
         {
-            fix_icrc_for_id(deltas, tx.last_packet_mut(n), k);
+            fix_icrc_for_id(deltas, tx.last_packet_mut(n), n, k);
         }
         held.len = 0;
     }
@@ -878,13 +898,15 @@ fn delta_for(deltas: &mut Vec<IdDelta>, body_len: usize) -> &IdDelta {
     deltas.last().expect("just pushed")
 }
 
-/// Give the packet in `pkt` (a whole UDP payload) the ICRC for IPv4 identification `id`.
-fn fix_icrc_for_id(deltas: &mut Vec<IdDelta>, pkt: &mut [u8], id: u16) {
+/// Give a packet of `wire` bytes (a whole UDP payload) the ICRC for IPv4 identification
+/// `id`; `pkt` holds its last bytes, the ICRC among them (the packet's bytes in the transmit
+/// arena: all of them, or the tail behind a lent payload).
+fn fix_icrc_for_id(deltas: &mut Vec<IdDelta>, pkt: &mut [u8], wire: usize, id: u16) {
     let n = pkt.len();
-    if n < ICRC_LEN {
+    if n < ICRC_LEN || wire < n {
         return;
     }
-    let d = delta_for(deltas, n - ICRC_LEN).delta(id);
+    let d = delta_for(deltas, wire - ICRC_LEN).delta(id);
     let mut c = [0u8; 4];
     c.copy_from_slice(&pkt[n - ICRC_LEN..]);
     let icrc = u32::from_le_bytes(c) ^ d;

@@ -13,6 +13,10 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
+use crate::mem::Lent;
+use crate::rc::Gather;
+use crate::rc::requester::LEND_MAX_PIECES;
+
 /// `UDP_SEGMENT` (linux/udp.h): GSO segment size, as a socket option or a control message.
 const UDP_SEGMENT: libc::c_int = 103;
 /// `UDP_GRO` (linux/udp.h): receive coalesced datagrams with their segment size.
@@ -211,22 +215,39 @@ impl UdpPort {
 const CMSG_SPACE: usize = 32;
 
 /// One outgoing datagram in a [`TxBatch`]: `nseg` packets of `seg` bytes (the last may be
-/// shorter) starting at `start` in the arena.
+/// shorter), `len` bytes in all, made of `pieces[first..end]`.
 #[derive(Clone, Copy, Debug, Default)]
 struct Span {
-    start: usize,
     len: usize,
     seg: u16,
     nseg: u16,
+    first: usize,
+    end: usize,
 }
 
+/// A piece of a datagram: bytes of the arena, or bytes lent from a registered region.
+#[derive(Clone, Copy, Debug)]
+enum Piece {
+    Arena { start: usize, len: usize },
+    Lent(usize),
+}
+
+/// Lent pieces a batch holds at most before it must be sent (a quarter of a MiB of payload at
+/// the largest path MTU: four GSO datagrams per system call): lent bytes stay in place, and
+/// changes to their regions wait, until the batch is sent.
+const MAX_LENT: usize = 64;
+
 /// A reusable batch of outgoing datagrams. Packets are built in place in its arena
-/// ([`TxBatch::push_packet`]); consecutive packets to the same destination are coalesced into
-/// one GSO datagram when their sizes allow (all but the last of one size, at most
-/// [`MAX_GSO_SEGMENTS`], at most [`MAX_DATAGRAM`] bytes).
+/// ([`TxBatch::push_packet`]), or built there around a payload lent from registered memory
+/// ([`TxBatch::push_packet_gather`]), which the kernel then copies straight from the region;
+/// consecutive packets to the same destination are coalesced into one GSO datagram when their
+/// sizes allow (all but the last of one size, at most [`MAX_GSO_SEGMENTS`], at most
+/// [`MAX_DATAGRAM`] bytes).
 pub struct TxBatch {
     arena: Vec<u8>,
     spans: Vec<Span>,
+    pieces: Vec<Piece>,
+    lent: Vec<Lent>,
     addrs: Vec<SockAddr>,
     dsts: Vec<SocketAddr>,
     iovs: Vec<libc::iovec>,
@@ -247,20 +268,26 @@ impl std::fmt::Debug for TxBatch {
 }
 
 // SAFETY: the raw pointers inside the mmsghdr/iovec arrays only ever point into this batch's
-// own vectors and are rebuilt before every use; moving the batch to another thread is sound.
+// own vectors, or at bytes its `Lent` guards keep in place, and are rebuilt before every use;
+// moving the batch to another thread is sound.
 unsafe impl Send for TxBatch {}
 
 impl TxBatch {
     /// A batch of at most `datagrams` datagrams holding at most `bytes` bytes in all.
     pub fn new(datagrams: usize, bytes: usize) -> TxBatch {
         let unspecified: SocketAddr = ([0, 0, 0, 0], 0).into();
+        // Every datagram has an arena piece, and every lent packet adds a lent piece and an
+        // arena piece (its tail).
+        let pieces = datagrams + 2 * MAX_LENT;
         TxBatch {
             arena: vec![0; bytes],
             spans: vec![Span::default(); datagrams],
+            pieces: Vec::with_capacity(pieces),
+            lent: Vec::with_capacity(MAX_LENT),
             addrs: vec![SockAddr::from(unspecified); datagrams],
             dsts: vec![unspecified; datagrams],
             // SAFETY: iovec and mmsghdr are plain C structs for which all-zero is a valid value.
-            iovs: vec![unsafe { zeroed() }; datagrams],
+            iovs: vec![unsafe { zeroed() }; pieces],
             cmsgs: vec![[0; CMSG_SPACE]; datagrams],
             // SAFETY: as above.
             hdrs: vec![unsafe { zeroed() }; datagrams],
@@ -290,10 +317,12 @@ impl TxBatch {
         self.arena.len() - self.used
     }
 
-    /// Drop everything queued.
+    /// Drop everything queued (and let go of lent bytes).
     pub fn clear(&mut self) {
         self.len = 0;
         self.used = 0;
+        self.pieces.clear();
+        self.lent.clear();
     }
 
     /// Queue a copy of `data` to `dst` as one datagram; `segment` > 0 asks for GSO with that
@@ -309,20 +338,39 @@ impl TxBatch {
         } else {
             (data.len().min(u16::MAX as usize) as u16, 1)
         };
-        self.open_span(dst, start, data.len(), seg, nseg);
+        self.open_span(dst, data.len(), seg, nseg);
+        self.add_arena(start, data.len());
         true
     }
 
-    fn open_span(&mut self, dst: SocketAddr, start: usize, len: usize, seg: u16, nseg: u16) {
+    /// Start a datagram (its pieces follow).
+    fn open_span(&mut self, dst: SocketAddr, len: usize, seg: u16, nseg: u16) {
+        let at = self.pieces.len();
         self.spans[self.len] = Span {
-            start,
             len,
             seg,
             nseg,
+            first: at,
+            end: at,
         };
         self.dsts[self.len] = dst;
-        self.used = start + len;
         self.len += 1;
+    }
+
+    /// Append `len` arena bytes at `start` to the last datagram (merged with its last piece
+    /// when they are contiguous).
+    fn add_arena(&mut self, start: usize, len: usize) {
+        let s = &mut self.spans[self.len - 1];
+        if s.end > s.first
+            && let Some(Piece::Arena { start: ps, len: pl }) = self.pieces.last_mut()
+            && *ps + *pl == start
+        {
+            *pl += len;
+        } else {
+            self.pieces.push(Piece::Arena { start, len });
+            s.end += 1;
+        }
+        self.used = self.used.max(start + len);
     }
 
     /// Build one packet to `dst` in place: `build` gets up to `max` bytes and returns how many
@@ -336,6 +384,23 @@ impl TxBatch {
         max: usize,
         build: impl FnOnce(&mut [u8]) -> usize,
     ) -> Option<(usize, u16)> {
+        let mut none = Gather::default();
+        self.push_packet_gather(dst, max, &mut none, |buf, _| build(buf))
+            .map(|(n, _, k)| (n, k))
+    }
+
+    /// [`TxBatch::push_packet`] for a packet whose payload may be lent: `build` gets the
+    /// arena space and `gather` (empty), and returns the bytes it wrote to the arena; with
+    /// `gather.pieces` left non-empty, the packet is the arena bytes up to `gather.split`, the
+    /// pieces, then the rest of the arena bytes (see [`Gather`]), and the batch keeps the
+    /// pieces until it is sent or cleared. Returns `Some((wire length, arena length, k))`.
+    pub fn push_packet_gather(
+        &mut self,
+        dst: SocketAddr,
+        max: usize,
+        gather: &mut Gather,
+        build: impl FnOnce(&mut [u8], &mut Gather) -> usize,
+    ) -> Option<(usize, usize, u16)> {
         // A free datagram slot is required even when the packet may join the last datagram, so
         // that a packet once built is always queued.
         if !self.has_room(max) {
@@ -349,33 +414,68 @@ impl TxBatch {
                 && s.len == usize::from(s.seg) * usize::from(s.nseg)
                 && s.len + max <= MAX_DATAGRAM
         };
-        let n = build(&mut self.arena[start..start + max]).min(max);
+        gather.pieces.clear();
+        let n = build(&mut self.arena[start..start + max], gather).min(max);
         if n == 0 {
-            return Some((0, 0));
+            gather.pieces.clear();
+            return Some((0, 0, 0));
         }
-        if joinable {
-            let s = &mut self.spans[self.len - 1];
-            if n <= usize::from(s.seg) {
-                s.len += n;
+        let lent: usize = gather.pieces.iter().map(Lent::len).sum();
+        let wire = n + lent;
+        let k = match joinable {
+            true if wire <= usize::from(self.spans[self.len - 1].seg) => {
+                let s = &mut self.spans[self.len - 1];
+                s.len += wire;
                 s.nseg += 1;
-                self.used += n;
-                return Some((n, s.nseg - 1));
+                s.nseg - 1
             }
+            _ => {
+                self.open_span(dst, wire, wire.min(u16::MAX as usize) as u16, 1);
+                0
+            }
+        };
+        if gather.pieces.is_empty() {
+            self.add_arena(start, n);
+        } else {
+            let split = gather.split.min(n);
+            self.add_arena(start, split);
+            for l in gather.pieces.drain(..) {
+                self.pieces.push(Piece::Lent(self.lent.len()));
+                self.lent.push(l);
+                self.spans[self.len - 1].end += 1;
+            }
+            // The tail is never merged into the header before it: the pieces sit between.
+            self.pieces.push(Piece::Arena {
+                start: start + split,
+                len: n - split,
+            });
+            self.spans[self.len - 1].end += 1;
+            self.used = start + n;
         }
-        self.open_span(dst, start, n, n.min(u16::MAX as usize) as u16, 1);
-        Some((n, 0))
+        Some((wire, n, k))
     }
 
-    /// The last `n` bytes queued: the packet just pushed.
+    /// The last `n` bytes of the arena: the packet just pushed (its arena bytes).
     pub fn last_packet_mut(&mut self, n: usize) -> &mut [u8] {
         let end = self.used;
         &mut self.arena[end.saturating_sub(n)..end]
     }
 
-    /// Take back the last `n`-byte packet pushed (it must be the last one).
+    /// Take back the last packet pushed, of `n` bytes all in the arena (not lent).
     pub fn pop_last_packet(&mut self, n: usize) {
         if self.len == 0 || n > self.used {
             return;
+        }
+        let Some(Piece::Arena { len: pl, .. }) = self.pieces.last_mut() else {
+            return;
+        };
+        if *pl < n {
+            return;
+        }
+        *pl -= n;
+        if *pl == 0 {
+            self.pieces.pop();
+            self.spans[self.len - 1].end -= 1;
         }
         let s = &mut self.spans[self.len - 1];
         if s.nseg > 1 && s.len >= n {
@@ -395,31 +495,44 @@ impl TxBatch {
             .sum()
     }
 
-    /// True when a packet of up to `max` bytes can be pushed without a flush.
+    /// True when a packet of up to `max` bytes (and up to `LEND_MAX_PIECES` lent pieces) can
+    /// be pushed without a flush.
     pub fn has_room(&self, max: usize) -> bool {
-        max <= self.free_bytes() && self.len < self.spans.len()
+        max <= self.free_bytes()
+            && self.len < self.spans.len()
+            && self.lent.len() + LEND_MAX_PIECES <= MAX_LENT
     }
 
     fn prepare(&mut self, from: usize) {
+        if self.iovs.len() < self.pieces.len() {
+            // SAFETY: iovec is a plain C struct for which all-zero is a valid value.
+            self.iovs.resize(self.pieces.len(), unsafe { zeroed() });
+        }
         for i in from..self.len {
             let Span {
-                start,
-                len,
                 seg,
                 nseg,
+                first,
+                end,
+                ..
             } = self.spans[i];
-            self.iovs[i] = libc::iovec {
-                iov_base: self.arena[start..].as_mut_ptr().cast(),
-                iov_len: len,
-            };
+            for k in first..end {
+                self.iovs[k] = match self.pieces[k] {
+                    Piece::Arena { start, len } => libc::iovec {
+                        iov_base: self.arena[start..].as_mut_ptr().cast(),
+                        iov_len: len,
+                    },
+                    Piece::Lent(j) => self.lent[j].iovec(),
+                };
+            }
             if self.addrs[i].as_socket() != Some(self.dsts[i]) {
                 self.addrs[i] = SockAddr::from(self.dsts[i]);
             }
             let h = &mut self.hdrs[i].msg_hdr;
             h.msg_name = self.addrs[i].as_ptr() as *mut libc::c_void;
             h.msg_namelen = self.addrs[i].len();
-            h.msg_iov = &mut self.iovs[i];
-            h.msg_iovlen = 1;
+            h.msg_iov = self.iovs[first..].as_mut_ptr();
+            h.msg_iovlen = end - first;
             h.msg_flags = 0;
             if nseg > 1 {
                 let c = &mut self.cmsgs[i];

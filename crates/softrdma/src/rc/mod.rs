@@ -42,7 +42,8 @@ pub use qp::{Qp, QpCap, QpCounters, QpInit};
 pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
 pub use rq::Srq;
 pub use wr::{
-    MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    Gather, MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
+    WrOpcode,
 };
 
 /// Most PSNs the requester keeps unacknowledged (as rxe's window).

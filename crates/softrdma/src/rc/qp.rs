@@ -428,6 +428,30 @@ impl Qp {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<usize> {
+        self.transmit(now, mem, buf, None)
+    }
+
+    /// [`Qp::poll_transmit`], with request payloads from memory that can be lent left in
+    /// place: see [`Gather`](super::Gather) for what the packet then is. `gather.pieces` is
+    /// empty after a packet built the usual way.
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: u64,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+        gather: &mut super::Gather,
+    ) -> Option<usize> {
+        gather.pieces.clear();
+        self.transmit(now, mem, buf, Some(gather))
+    }
+
+    fn transmit(
+        &mut self,
+        now: u64,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+        gather: Option<&mut super::Gather>,
+    ) -> Option<usize> {
         let icrc = self.attr.av?;
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
             return None;
@@ -442,7 +466,7 @@ impl Qp {
                 Ok(None) => {}
                 Err(Fatal) => {
                     self.enter_error();
-                    return self.poll_transmit(now, mem, buf);
+                    return self.transmit(now, mem, buf, gather);
                 }
             }
         }
@@ -450,7 +474,9 @@ impl Qp {
             return None;
         }
         let sqd = self.state == QpState::Sqd;
-        let out = self.send.poll_request(now, sqd, actx, mem, &icrc, buf);
+        let out = self
+            .send
+            .poll_request(now, sqd, actx, mem, &icrc, buf, gather);
         self.retire();
         match out {
             ReqOutput::Packet(n) => {

@@ -7,12 +7,12 @@
 
 use super::ACK_REQ_EVERY;
 use super::sq::{SendSide, SendWqe};
-use super::wr::{SendFlags, WcStatus, WrOpcode};
+use super::wr::{Gather, SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, HeaderRepr, Headers, IcrcContext, OpKind, Opcode, Position, Psn,
-    RethRepr, Transport,
+    AtomicEthRepr, BthRepr, HeaderRepr, Headers, ICRC_LEN, IcrcContext, OpKind, Opcode, Position,
+    Psn, RethRepr, Transport,
 };
 
 /// What one call of the requester produced.
@@ -40,7 +40,9 @@ pub fn packets_for(len: u64, mtu: u32) -> u32 {
 
 impl SendSide {
     /// Produce the next request packet into `buf`, or execute local WQEs. `sqd` stops new
-    /// WQEs from starting (send queue drain).
+    /// WQEs from starting (send queue drain). With `gather`, payloads may be lent (see
+    /// [`Gather`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn poll_request(
         &mut self,
         now: u64,
@@ -49,6 +51,7 @@ impl SendSide {
         mem: &dyn MemoryAccess,
         icrc: &IcrcContext,
         buf: &mut [u8],
+        gather: Option<&mut Gather>,
     ) -> ReqOutput {
         if self.rnr_deadline.is_some() || self.halted {
             return ReqOutput::Idle;
@@ -152,6 +155,7 @@ impl SendSide {
                 mem,
                 icrc,
                 buf,
+                gather,
             ) {
                 Ok((n, ack_req, consumed)) => {
                     self.noack = if ack_req { 0 } else { self.noack + 1 };
@@ -227,6 +231,7 @@ impl SendSide {
                 mem,
                 icrc,
                 buf,
+                None,
             ) {
                 if self.retrans_deadline.is_none() {
                     self.retrans_deadline = self.timeout_ns.map(|t| now + t);
@@ -306,7 +311,9 @@ fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(
 }
 
 /// Build packet `idx` of `w` at `psn` (a READ request asks for at most `limit` response
-/// PSNs). Returns (length, AckReq set, PSNs consumed).
+/// PSNs). Returns (length in `buf`, AckReq set, PSNs consumed). With `gather`, a payload of
+/// at least [`LEND_MIN`] bytes from memory that can be lent is not copied: it goes to
+/// `gather` (see [`Gather`]).
 #[allow(clippy::too_many_arguments)]
 fn build_request(
     w: &SendWqe,
@@ -320,6 +327,7 @@ fn build_request(
     mem: &dyn MemoryAccess,
     icrc: &IcrcContext,
     buf: &mut [u8],
+    gather: Option<&mut Gather>,
 ) -> Result<(usize, bool, u32), LocalErr> {
     let off = u64::from(idx) * u64::from(mtu);
     let pos = position(idx, w.npkts);
@@ -416,6 +424,14 @@ fn build_request(
     let ack_req = pos.ends() || force_ack;
     h.bth.ack_req = ack_req;
     let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
+    if let Some(g) = gather
+        && !w.use_inline
+        && plen >= LEND_MIN
+        && lend_payload(w, off, plen, actx, mem, g)?
+    {
+        let n = emit_lent(&h, plen, icrc, buf, g)?;
+        return Ok((n, ack_req, 1));
+    }
     let n = emit_sealed(&h, plen, icrc, buf, |dst| {
         if w.use_inline {
             let s = off as usize;
@@ -438,6 +454,102 @@ fn build_request(
         }
     })?;
     Ok((n, ack_req, 1))
+}
+
+/// Payloads shorter than this are copied (a copy of a few hundred bytes costs less than
+/// another `iovec` and the region's lend count).
+pub const LEND_MIN: usize = 1024;
+
+/// Most pieces (SGEs) of one packet's payload that are lent; a payload in more pieces is
+/// copied (this bounds a GSO datagram's `iovec` count well under the kernel's 1024).
+pub const LEND_MAX_PIECES: usize = 4;
+
+/// Lend the `plen` payload bytes at offset `off` of `w` into `g`. Returns false (lending
+/// nothing) when some piece must be copied instead.
+fn lend_payload(
+    w: &SendWqe,
+    off: u64,
+    plen: usize,
+    actx: AccessCtx,
+    mem: &dyn MemoryAccess,
+    g: &mut Gather,
+) -> Result<bool, LocalErr> {
+    g.pieces.clear();
+    let mut copy = false;
+    let walked = w.sges.for_each_piece(off, plen, |sge, soff, _, n| {
+        if copy {
+            return Ok(());
+        }
+        if g.pieces.len() == LEND_MAX_PIECES {
+            copy = true;
+            return Ok(());
+        }
+        match mem.lend(
+            actx,
+            sge.lkey,
+            sge.addr.wrapping_add(soff),
+            n as u64,
+            Access::NONE,
+        )? {
+            Some(l) => g.pieces.push(l),
+            None => copy = true,
+        }
+        Ok(())
+    });
+    let ok = match walked {
+        Ok(true) => !copy,
+        Ok(false) => {
+            g.pieces.clear();
+            return Err(LocalErr::Fail(WcStatus::LocProtErr));
+        }
+        Err(e) => {
+            g.pieces.clear();
+            return Err(local_err(e));
+        }
+    };
+    if !ok {
+        g.pieces.clear();
+    }
+    Ok(ok)
+}
+
+/// Emit headers, then pad and ICRC for a payload of `plen` bytes lent in `g.pieces`: the
+/// packet on the wire is `buf[..g.split]`, the pieces, then the rest of the returned length.
+fn emit_lent(
+    h: &HeaderRepr,
+    plen: usize,
+    icrc: &IcrcContext,
+    buf: &mut [u8],
+    g: &mut Gather,
+) -> Result<usize, LocalErr> {
+    let mut h = *h;
+    let pad = usize::from(pad_for(plen));
+    h.bth.pad_cnt = pad as u8;
+    let fail = |g: &mut Gather| {
+        g.pieces.clear();
+        LocalErr::Fail(WcStatus::LocLenErr)
+    };
+    let Ok(hl) = h.emit(buf) else {
+        return Err(fail(g));
+    };
+    if buf.len() < hl + pad + ICRC_LEN {
+        return Err(fail(g));
+    }
+    buf[hl..hl + pad].fill(0);
+    let (head, tail) = buf.split_at_mut(hl);
+    let pieces = &g.pieces;
+    let crc = icrc.compute_with(head, hl + plen + pad, |c| {
+        for p in pieces {
+            p.crc_update(c);
+        }
+        c.update(&tail[..pad]);
+    });
+    let Ok(crc) = crc else {
+        return Err(fail(g));
+    };
+    tail[pad..pad + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+    g.split = hl;
+    Ok(hl + pad + ICRC_LEN)
 }
 
 /// Emit headers, let `fill` write `plen` payload bytes behind them, then pad and seal.

@@ -73,7 +73,19 @@ impl IcrcContext {
     /// The ICRC of a UDP payload whose first `body.len()` bytes are `body` and whose last four
     /// bytes are the ICRC.
     pub fn compute(&self, body: &[u8]) -> Result<u32> {
-        let udp_len = 8 + body.len() + ICRC_LEN;
+        self.compute_with(body, body.len(), |_| {})
+    }
+
+    /// [`IcrcContext::compute`] for a body of `body_len` bytes that is not in one piece: it
+    /// starts with `head` (at least the BTH) and `rest` feeds the remaining
+    /// `body_len - head.len()` bytes, in order, to the hasher.
+    pub fn compute_with(
+        &self,
+        head: &[u8],
+        body_len: usize,
+        rest: impl FnOnce(&mut crc32fast::Hasher),
+    ) -> Result<u32> {
+        let udp_len = 8 + body_len + ICRC_LEN;
         let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::FieldRange("UDP length"))?;
         let mut udp = [0u8; 8];
         udp[0..2].copy_from_slice(&self.src_port.to_be_bytes());
@@ -98,7 +110,7 @@ impl IcrcContext {
                 ip[9] = 17;
                 ip[12..16].copy_from_slice(&src.octets());
                 ip[16..20].copy_from_slice(&dst.octets());
-                crc(&mask_ipv4(&ip)?.0[..20], &mut udp, body)
+                crc(&mask_ipv4(&ip)?.0[..20], &mut udp, head, rest)
             }
             IpHeader::V6 { src, dst } => {
                 let mut ip = [0u8; 40];
@@ -107,7 +119,7 @@ impl IcrcContext {
                 ip[6] = 17;
                 ip[8..24].copy_from_slice(&src.octets());
                 ip[24..40].copy_from_slice(&dst.octets());
-                crc(&mask_ipv6(&ip)?, &mut udp, body)
+                crc(&mask_ipv6(&ip)?, &mut udp, head, rest)
             }
         }
     }
@@ -128,9 +140,9 @@ pub fn compute_from_headers(ip: &[u8], udp: &[u8], body: &[u8]) -> Result<u32> {
     match ip.first().map(|b| b >> 4) {
         Some(4) => {
             let (buf, len) = mask_ipv4(ip)?;
-            crc(&buf[..len], &mut u, body)
+            crc(&buf[..len], &mut u, body, |_| {})
         }
-        Some(6) => crc(&mask_ipv6(ip)?, &mut u, body),
+        Some(6) => crc(&mask_ipv6(ip)?, &mut u, body, |_| {}),
         _ => Err(Error::BadIpHeader("not IPv4 or IPv6")),
     }
 }
@@ -286,7 +298,12 @@ fn mask_ipv6(ip: &[u8]) -> Result<[u8; 40]> {
     Ok(m)
 }
 
-fn crc(ip_masked: &[u8], udp: &mut [u8; 8], body: &[u8]) -> Result<u32> {
+fn crc(
+    ip_masked: &[u8],
+    udp: &mut [u8; 8],
+    body: &[u8],
+    rest: impl FnOnce(&mut crc32fast::Hasher),
+) -> Result<u32> {
     const BTH: usize = 12;
     if body.len() < BTH {
         return Err(Error::Truncated {
@@ -311,6 +328,7 @@ fn crc(ip_masked: &[u8], udp: &mut [u8; 8], body: &[u8]) -> Result<u32> {
     let mut h = crc32fast::Hasher::new();
     h.update(&head[..at]);
     h.update(&body[BTH..]);
+    rest(&mut h);
     Ok(h.finalize())
 }
 
