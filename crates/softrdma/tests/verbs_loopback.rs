@@ -504,6 +504,47 @@ fn zero_copy_requests_place_every_byte() {
     // memory: 292 + 24 + 0 + 0 + 0 + 1 + 1 WRITE packets and 12 SEND packets.
     let zc = a.dev.counters().tx_zero_copy.load(Relaxed);
     assert_eq!(zc, 330, "packets sent zero-copy");
+
+    // READ responses are lent by the responder the same way: 292 full packets (the last
+    // 993 bytes are copied).
+    let rsrc =
+        b.pd.reg_buffer(
+            pattern(6, 310_000),
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+    let rdst =
+        a.pd.reg_buffer(vec![0u8; 310_000], Access::LOCAL_WRITE)
+            .unwrap();
+    let sge = [rdst.sge(5, 300_001)];
+    let wr = SendWr::new(
+        200,
+        WrOpcode::RdmaRead {
+            remote_addr: rsrc.iova() + 3,
+            rkey: rsrc.rkey(),
+        },
+    )
+    .sg(&sge);
+    a.qp.post_send(&wr).unwrap();
+    let w = one(&a.cq);
+    assert_eq!((w.wr_id, w.status), (200, WcStatus::Success));
+    let mut got = vec![0u8; 300_001];
+    rdst.read(5, &mut got).unwrap();
+    assert!(
+        got == pattern(6, 310_000)[3..300_004],
+        "READ: the bytes returned differ"
+    );
+    assert_eq!(
+        b.dev.counters().tx_zero_copy.load(Relaxed),
+        292,
+        "READ response packets sent zero-copy"
+    );
+    assert_eq!(
+        a.dev.counters().rx_bad.load(Relaxed),
+        0,
+        "a READ response failed its ICRC"
+    );
+
     let bc = b.dev.counters();
     assert_eq!(bc.rx_bad.load(Relaxed), 0, "a packet failed its ICRC");
     assert_eq!(

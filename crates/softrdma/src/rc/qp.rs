@@ -450,7 +450,7 @@ impl Qp {
         now: u64,
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
-        gather: Option<&mut super::Gather>,
+        mut gather: Option<&mut super::Gather>,
     ) -> Option<usize> {
         let icrc = self.attr.av?;
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
@@ -458,7 +458,10 @@ impl Qp {
         }
         let actx = self.actx();
         if self.recv.has_response() {
-            match self.recv.poll_response(actx, mem, &icrc, buf) {
+            match self
+                .recv
+                .poll_response(actx, mem, &icrc, buf, gather.as_deref_mut())
+            {
                 Ok(Some(n)) => {
                     self.counters.packets_sent += 1;
                     return Some(n);

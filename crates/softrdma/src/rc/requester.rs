@@ -515,38 +515,45 @@ fn lend_payload(
 
 /// Emit headers, then pad and ICRC for a payload of `plen` bytes lent in `g.pieces`: the
 /// packet on the wire is `buf[..g.split]`, the pieces, then the rest of the returned length.
-fn emit_lent(
+pub(crate) fn emit_lent(
     h: &HeaderRepr,
     plen: usize,
     icrc: &IcrcContext,
     buf: &mut [u8],
     g: &mut Gather,
-) -> Result<usize, LocalErr> {
+) -> Result<usize, WcStatus> {
+    let r = emit_lent_inner(h, plen, icrc, buf, g);
+    if r.is_err() {
+        g.pieces.clear();
+    }
+    r
+}
+
+fn emit_lent_inner(
+    h: &HeaderRepr,
+    plen: usize,
+    icrc: &IcrcContext,
+    buf: &mut [u8],
+    g: &mut Gather,
+) -> Result<usize, WcStatus> {
     let mut h = *h;
     let pad = usize::from(pad_for(plen));
     h.bth.pad_cnt = pad as u8;
-    let fail = |g: &mut Gather| {
-        g.pieces.clear();
-        LocalErr::Fail(WcStatus::LocLenErr)
-    };
-    let Ok(hl) = h.emit(buf) else {
-        return Err(fail(g));
-    };
+    let hl = h.emit(buf).map_err(|_| WcStatus::LocLenErr)?;
     if buf.len() < hl + pad + ICRC_LEN {
-        return Err(fail(g));
+        return Err(WcStatus::LocLenErr);
     }
     buf[hl..hl + pad].fill(0);
     let (head, tail) = buf.split_at_mut(hl);
     let pieces = &g.pieces;
-    let crc = icrc.compute_with(head, hl + plen + pad, |c| {
-        for p in pieces {
-            p.crc_update(c);
-        }
-        c.update(&tail[..pad]);
-    });
-    let Ok(crc) = crc else {
-        return Err(fail(g));
-    };
+    let crc = icrc
+        .compute_with(head, hl + plen + pad, |c| {
+            for p in pieces {
+                p.crc_update(c);
+            }
+            c.update(&tail[..pad]);
+        })
+        .map_err(|_| WcStatus::LocLenErr)?;
     tail[pad..pad + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
     g.split = hl;
     Ok(hl + pad + ICRC_LEN)

@@ -1,9 +1,9 @@
 //! The responder's answers on the wire: ACKs, NAKs, RNR NAKs, atomic acknowledgements and
 //! READ response streams, emitted in PSN order from the queue the responder fills.
 
-use super::requester::emit_sealed;
+use super::requester::{LEND_MIN, emit_lent, emit_sealed};
 use super::responder::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
-use super::wr::WcStatus;
+use super::wr::{Gather, WcStatus};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, Opcode, Syndrome,
@@ -12,12 +12,16 @@ use crate::wire::{
 impl RecvSide {
     /// Emit the next queued answer into `buf`. `Err(Fatal)` when a READ could not be served and
     /// was NAKed (the QP must enter the error state).
+    ///
+    /// With `gather`, a READ response payload of at least [`LEND_MIN`] bytes from memory that
+    /// can be lent is not copied into `buf` (see [`Gather`]).
     pub fn poll_response(
         &mut self,
         actx: AccessCtx,
         mem: &dyn MemoryAccess,
         icrc: &IcrcContext,
         buf: &mut [u8],
+        gather: Option<&mut Gather>,
     ) -> Result<Option<usize>, Fatal> {
         let Some(front) = self.resp.front_mut() else {
             return Ok(None);
@@ -65,16 +69,36 @@ impl RecvSide {
                     });
                 }
                 let mut failed = None;
-                let r = emit_sealed(&h, plen as usize, icrc, buf, |dst| {
-                    if dst.is_empty() {
-                        return Ok(());
+                let lent = match gather {
+                    Some(g) if plen as usize >= LEND_MIN => {
+                        match mem.lend(actx, rkey, va, u64::from(plen), Access::REMOTE_READ) {
+                            Ok(Some(l)) => {
+                                g.pieces.clear();
+                                g.pieces.push(l);
+                                Some(emit_lent(&h, plen as usize, icrc, buf, g))
+                            }
+                            Ok(None) => None,
+                            Err(e) => {
+                                failed = Some(e);
+                                Some(Err(WcStatus::RemAccessErr))
+                            }
+                        }
                     }
-                    mem.read(actx, rkey, va, dst, Access::REMOTE_READ)
-                        .map_err(|e| {
-                            failed = Some(e);
-                            WcStatus::RemAccessErr
-                        })
-                });
+                    _ => None,
+                };
+                let r = match lent {
+                    Some(r) => r,
+                    None => emit_sealed(&h, plen as usize, icrc, buf, |dst| {
+                        if dst.is_empty() {
+                            return Ok(());
+                        }
+                        mem.read(actx, rkey, va, dst, Access::REMOTE_READ)
+                            .map_err(|e| {
+                                failed = Some(e);
+                                WcStatus::RemAccessErr
+                            })
+                    }),
+                };
                 match (r, failed) {
                     (Ok(n), _) => {
                         if last {
