@@ -799,4 +799,92 @@ mod tests {
         }
         assert_eq!(segs[10], vec![99; 10]);
     }
+
+    /// Packets whose payload is lent from a region travel as arena header, region bytes and
+    /// arena tail; they coalesce into GSO datagrams with arena-only packets, and taking back
+    /// an arena-only packet pushed after a lent one leaves the lent one whole.
+    #[test]
+    fn lent_payloads_arrive_in_place() {
+        use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryAccess, MemoryTable};
+        let (a, b) = pair();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let t = MemoryTable::new(MemConfig {
+            pin_mode: crate::mem::PinMode::OnDemand,
+            ..MemConfig::default()
+        })
+        .unwrap();
+        let pd = t.alloc_pd().unwrap();
+        let region: Vec<u8> = (0..4000u32).map(|i| (i % 251) as u8).collect();
+        let mr = t
+            .reg_mr(
+                pd,
+                MemSource::owned(region.clone()),
+                Access::LOCAL_WRITE,
+                None,
+            )
+            .unwrap();
+        let ctx = AccessCtx { pd, qpn: 1 };
+        let dst = b.local_addr();
+        let mut tx = TxBatch::new(4, 8192);
+        let mut g = Gather::default();
+        // A packet: 10 header bytes, `lend` region bytes at `at` (or none), 6 tail bytes.
+        let mut push = |tx: &mut TxBatch, tag: u8, lend: Option<u64>| {
+            tx.push_packet_gather(dst, 1100, &mut g, |buf, g| match lend {
+                Some(at) => {
+                    buf[..16].fill(tag);
+                    let l = t.lend(ctx, mr.lkey, mr.iova + at, 1000, Access::NONE);
+                    g.pieces.push(l.unwrap().unwrap());
+                    g.split = 10;
+                    16
+                }
+                None => {
+                    buf[..1016].fill(tag);
+                    1016
+                }
+            })
+            .unwrap()
+        };
+        assert_eq!(push(&mut tx, 1, None), (1016, 1016, 0));
+        assert_eq!(push(&mut tx, 2, Some(0)), (1016, 16, 1));
+        assert_eq!(push(&mut tx, 3, Some(2500)), (1016, 16, 2));
+        // An arena-only packet taken back again (as a held acknowledgement is).
+        assert_eq!(push(&mut tx, 4, None), (1016, 1016, 3));
+        tx.pop_last_packet(1016);
+        assert_eq!(tx.packets(), 3);
+        // A short last segment.
+        let r = tx.push_packet_gather(dst, 1100, &mut g, |buf, _| {
+            buf[..300].fill(5);
+            300
+        });
+        assert_eq!(r, Some((300, 300, 3)));
+        assert_eq!((tx.len(), tx.packets()), (1, 4));
+        a.send(&mut tx).unwrap();
+        assert_eq!(tx.packets(), 0, "a sent batch is empty");
+
+        let with_lent = |tag: u8, at: usize| -> Vec<u8> {
+            [&[tag; 10][..], &region[at..at + 1000], &[tag; 6][..]].concat()
+        };
+        let want = [
+            vec![1u8; 1016],
+            with_lent(2, 0),
+            with_lent(3, 2500),
+            vec![5u8; 300],
+        ];
+        let mut rx = RxBatch::new(16, MAX_DATAGRAM);
+        let mut segs = Vec::new();
+        while segs.len() < want.len() {
+            let n = b.recv(&mut rx).unwrap();
+            for i in 0..n {
+                segs.extend(rx.get(i).unwrap().segments().map(|s| s.to_vec()));
+            }
+        }
+        assert_eq!(segs.len(), want.len());
+        for (i, (got, want)) in segs.iter().zip(&want).enumerate() {
+            assert!(got == want, "segment {i} differs");
+        }
+        // Every loan was given back with the batch: deregistration does not wait.
+        let back: Vec<u8> = t.dereg_mr(mr.lkey).unwrap().downcast().unwrap();
+        assert_eq!(back, region);
+    }
 }
