@@ -98,6 +98,8 @@ pub(crate) struct MrState {
 /// when every access in flight has finished (the lock spins briefly, then parks on a futex),
 /// and an access that starts afterwards sees the new status. No access is lost, none sees a
 /// half-changed region, and the data path pays one uncontended atomic pair per access.
+/// Bytes lent to the transmit path (zero-copy sends) outlive the read guard; `lent` counts
+/// them, and those operations wait for it after releasing the write side (`lend.rs`).
 pub(crate) struct Mr {
     pub(crate) state: RwLock<MrState>,
     /// Windows bound to this region (deregistration is refused while non-zero).

@@ -6,8 +6,10 @@
 //! is its own `RwLock`, so threads that use different keys never touch the same lock, and
 //! threads that share a key only share that slot's reader count. The read guard of the slot
 //! (and of the region's state, see [`Mr`]) is held during the copy, which makes the lock the
-//! in-flight counter that `suspend`, `invalidate`, `rereg` and `dereg` wait on. The control
-//! path allocates keys under one mutex (the key allocator), which the data path never takes.
+//! in-flight counter that `suspend`, `invalidate`, `rereg` and `dereg` wait on. A zero-copy
+//! send outlives its lookup and is counted apart, by its [`Lent`](super::Lent) guard
+//! ([`lend`](super::lend)). The control path allocates keys under one mutex (the key
+//! allocator), which the data path never takes.
 //!
 //! A seqlock or an `ArcSwap`-style pointer would make uncontended reads cheaper still, but would
 //! need a separate in-flight counter to let `suspend` wait, and epoch reclamation for freed

@@ -402,7 +402,7 @@ impl WorkCompletion {
 /// bytes with `pieces` not empty, the packet on the wire is `buf[..split]`, then the pieces
 /// in order, then `buf[split..n]` (pad and ICRC). The pieces keep their regions' bytes in
 /// place until they are dropped, which must follow the send closely (see
-/// [`Lent`](crate::mem::Lent)).
+/// [`Lent`]).
 #[derive(Debug, Default)]
 pub struct Gather {
     /// The payload, in order.
