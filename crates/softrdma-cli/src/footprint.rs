@@ -42,9 +42,11 @@ pub fn measure(qps: usize) -> Result<Footprint, Box<dyn std::error::Error>> {
     }
     let after = rss();
     let n = qps.max(1) as u64;
-    // Transmit arena (one GSO datagram + a packet), 128-entry queues of work requests and
-    // completions: an upper bound on what a QP's buffers reach when fully used.
-    let bound = 65_507 + 4096 + 64 + 128 * (256 + 64) * 2;
+    // The transmit batch at the largest path MTU (arena for one GSO datagram + a packet, and
+    // its bookkeeping), 128-entry queues of work requests and completions: an upper bound on
+    // what a QP's buffers reach when fully used.
+    let tx = softrdma::net::engine::qp_tx_batch(4096 + softrdma::rc::MAX_OVERHEAD);
+    let bound = (tx.reserved_bytes() + 128 * (256 + 64) * 2) as u64;
     Ok(Footprint {
         device_bytes: base.saturating_sub(before),
         per_qp_bytes: after.saturating_sub(base) / n,

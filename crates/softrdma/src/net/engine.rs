@@ -156,9 +156,7 @@ impl QpCell {
             body: Mutex::new(QpBody {
                 qp,
                 peer: None,
-                // Room for one full GSO datagram plus a packet (the arena is zero pages until
-                // used, so small-MTU QPs that never fill it do not pay for it).
-                tx: TxBatch::new(64, MAX_DATAGRAM + max),
+                tx: qp_tx_batch(max),
                 gather: Gather {
                     pieces: Vec::with_capacity(LEND_MAX_PIECES),
                     split: 0,
@@ -911,6 +909,13 @@ fn fix_icrc_for_id(deltas: &mut Vec<IdDelta>, pkt: &mut [u8], wire: usize, id: u
     c.copy_from_slice(&pkt[n - ICRC_LEN..]);
     let icrc = u32::from_le_bytes(c) ^ d;
     pkt[n - ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
+}
+
+/// A QP's transmit batch for packets of up to `max` bytes: room for one full GSO datagram
+/// plus a packet (the arena is zero pages until used, so small-MTU QPs that never fill it do
+/// not pay for it).
+pub fn qp_tx_batch(max: usize) -> TxBatch {
+    TxBatch::new(64, MAX_DATAGRAM + max)
 }
 
 /// Start the engine thread.

@@ -312,6 +312,20 @@ impl TxBatch {
         self.len == 0
     }
 
+    /// Bytes the batch holds when every buffer it reserved is in use: the arena and the
+    /// per-datagram and per-piece bookkeeping (for footprint bounds).
+    pub fn reserved_bytes(&self) -> usize {
+        self.arena.len()
+            + self.spans.len() * size_of::<Span>()
+            + self.pieces.capacity() * size_of::<Piece>()
+            + self.lent.capacity() * size_of::<Lent>()
+            + self.addrs.len() * size_of::<SockAddr>()
+            + self.dsts.len() * size_of::<SocketAddr>()
+            + self.iovs.len() * size_of::<libc::iovec>()
+            + self.cmsgs.len() * CMSG_SPACE
+            + self.hdrs.len() * size_of::<libc::mmsghdr>()
+    }
+
     /// Bytes still free in the arena.
     pub fn free_bytes(&self) -> usize {
         self.arena.len() - self.used
