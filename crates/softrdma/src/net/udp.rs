@@ -517,6 +517,26 @@ impl TxBatch {
             && self.lent.len() + LEND_MAX_PIECES <= MAX_LENT
     }
 
+    /// The queued datagrams as they would go out: bytes, segment size, segments.
+    #[cfg(test)]
+    fn datagrams(&mut self) -> Vec<(Vec<u8>, u16, u16)> {
+        self.prepare(0);
+        (0..self.len)
+            .map(|i| {
+                let s = self.spans[i];
+                let mut bytes = Vec::with_capacity(s.len);
+                for v in &self.iovs[s.first..s.end] {
+                    // SAFETY: `prepare` pointed every iovec at live arena bytes or at bytes a
+                    // `Lent` of this batch keeps in place, with their true lengths.
+                    let b =
+                        unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
+                    bytes.extend_from_slice(b);
+                }
+                (bytes, s.seg, s.nseg)
+            })
+            .collect()
+    }
+
     fn prepare(&mut self, from: usize) {
         if self.iovs.len() < self.pieces.len() {
             // SAFETY: iovec is a plain C struct for which all-zero is a valid value.
@@ -748,6 +768,7 @@ fn sockaddr_to_std(a: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::{prop_assert, prop_assert_eq};
 
     fn pair() -> (UdpPort, UdpPort) {
         let lo: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -812,6 +833,109 @@ mod tests {
             assert_eq!(s, &vec![i as u8; 1000]);
         }
         assert_eq!(segs[10], vec![99; 10]);
+    }
+
+    proptest::proptest! {
+        /// Any sequence of arena-only and lent packets, some taken back again: every datagram
+        /// holds exactly the packets queued into it, in order, GSO-shaped (all segments but
+        /// the last of one size), and the batch accepts a packet whenever it says it has room.
+        #[test]
+        fn datagrams_hold_exactly_the_packets_pushed(
+            ops in proptest::collection::vec(
+                (1usize..1200, proptest::option::of((0u64..3000, 1usize..4)), proptest::bool::ANY),
+                1..120,
+            ),
+        ) {
+            use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryAccess, MemoryTable};
+            let t = MemoryTable::new(MemConfig {
+                pin_mode: crate::mem::PinMode::OnDemand,
+                ..MemConfig::default()
+            })
+            .unwrap();
+            let pd = t.alloc_pd().unwrap();
+            let region: Vec<u8> = (0..4200u32).map(|i| (i % 251) as u8).collect();
+            let mr = t
+                .reg_mr(pd, MemSource::owned(region.clone()), Access::LOCAL_WRITE, None)
+                .unwrap();
+            let ctx = AccessCtx { pd, qpn: 1 };
+            let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
+            let mut tx = TxBatch::new(8, 8 * 1300);
+            let mut g = Gather::default();
+            // The model: the packets of each datagram, as bytes.
+            let mut model: Vec<Vec<Vec<u8>>> = Vec::new();
+            let mut tag = 0u8;
+            for (size, lend, pop) in ops {
+                if !tx.has_room(1300) {
+                    let got = tx.datagrams();
+                    prop_assert_eq!(got.len(), model.len());
+                    for ((bytes, seg, nseg), want) in got.iter().zip(&model) {
+                        prop_assert_eq!(bytes, &want.concat());
+                        prop_assert_eq!(usize::from(*nseg), want.len());
+                        let seg = usize::from(*seg);
+                        for p in &want[..want.len() - 1] {
+                            prop_assert_eq!(p.len(), seg);
+                        }
+                        prop_assert!(want[want.len() - 1].len() <= seg);
+                    }
+                    tx.clear();
+                    model.clear();
+                }
+                tag = tag.wrapping_add(1);
+                // A packet: `size` arena bytes, or a 10-byte header, `pieces` lent pieces
+                // of 100 bytes at `at`, and a 6-byte tail.
+                let mut want = Vec::new();
+                let r = tx.push_packet_gather(dst, 1300, &mut g, |buf, g| match lend {
+                    Some((at, pieces)) => {
+                        buf[..16].fill(tag);
+                        for k in 0..pieces {
+                            let a = at + 100 * k as u64;
+                            let l = t.lend(ctx, mr.lkey, mr.iova + a, 100, Access::NONE);
+                            g.pieces.push(l.unwrap().unwrap());
+                        }
+                        g.split = 10;
+                        16
+                    }
+                    None => {
+                        buf[..size].fill(tag);
+                        size
+                    }
+                });
+                match lend {
+                    Some((at, pieces)) => {
+                        want.extend_from_slice(&[tag; 10]);
+                        let a = at as usize;
+                        want.extend_from_slice(&region[a..a + 100 * pieces]);
+                        want.extend_from_slice(&[tag; 6]);
+                    }
+                    None => want.extend(std::iter::repeat_n(tag, size)),
+                }
+                let (wire, _, k) = r.expect("room was checked");
+                prop_assert_eq!(wire, want.len());
+                if k == 0 {
+                    model.push(vec![want]);
+                } else {
+                    prop_assert_eq!(usize::from(k), model.last().unwrap().len());
+                    model.last_mut().unwrap().push(want);
+                }
+                if pop && lend.is_none() {
+                    tx.pop_last_packet(size);
+                    let last = model.last_mut().unwrap();
+                    last.pop();
+                    if last.is_empty() {
+                        model.pop();
+                    }
+                }
+            }
+            let got = tx.datagrams();
+            prop_assert_eq!(got.len(), model.len());
+            for ((bytes, _, nseg), want) in got.iter().zip(&model) {
+                prop_assert_eq!(bytes, &want.concat());
+                prop_assert_eq!(usize::from(*nseg), want.len());
+            }
+            tx.clear();
+            // Every loan came back with the batch.
+            prop_assert!(t.dereg_mr(mr.lkey).is_ok());
+        }
     }
 
     /// Packets whose payload is lent from a region travel as arena header, region bytes and
