@@ -11,6 +11,17 @@ use super::table::{Entry, read};
 use super::{Access, AccessCtx, AccessError, AtomicOp, Lent, MemoryAccess, MemoryTable};
 
 impl MemoryTable {
+    /// How a region's bytes are reached: raw memory as the table is configured, memory the
+    /// engine keeps mapped with plain copies.
+    #[inline]
+    fn copy_mode(&self, st: &MrState) -> CopyMode {
+        if st.backing.is_raw() {
+            self.raw_copy
+        } else {
+            CopyMode::Plain
+        }
+    }
+
     /// Validate `[iova, iova+len)` under `key` for `need` by `ctx`, then run `f` on the host
     /// address (and how to copy there) while the access counts as in flight. A `Fault` from
     /// `f` is recorded against the region once the guards are released.
@@ -24,14 +35,7 @@ impl MemoryTable {
         need: Access,
         f: impl FnOnce(*mut u8, CopyMode) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
-        let raw = self.raw_copy;
-        let mode = |st: &MrState| {
-            if st.backing.is_raw() {
-                raw
-            } else {
-                CopyMode::Plain
-            }
-        };
+        let mode = |st: &MrState| self.copy_mode(st);
         let g = read(self.slot(key)?);
         // The region to blame when the copy faults (rare: only then is its `Arc` cloned).
         let (r, faulted) = match &*g {
@@ -127,7 +131,8 @@ impl MemoryAccess for MemoryTable {
             Entry::Mr { key: k, mr } if *k == key => {
                 let st = read(&mr.state);
                 let p = st.resolve(key, ctx, iova, len, access)?;
-                if st.backing.is_raw() && self.raw_copy != CopyMode::Plain {
+                // Only plainly copied memory can be checksummed in place.
+                if self.copy_mode(&st) != CopyMode::Plain {
                     return Ok(None);
                 }
                 // Counted while the state is read-locked: a change of state that follows

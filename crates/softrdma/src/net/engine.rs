@@ -392,8 +392,8 @@ impl Engine {
                     self.flush(tx);
                 }
                 let mem: &MemoryTable = &self.mem;
-                // Request payloads from memory the engine keeps alive are lent, not copied:
-                // the kernel copies them from the region during the send.
+                // Request and READ response payloads from memory the engine keeps alive are
+                // lent, not copied: the kernel copies them from the region during the send.
                 let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
                     qp.poll_transmit_gather(now, mem, buf, g).unwrap_or(0)
                 });

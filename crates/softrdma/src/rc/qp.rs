@@ -431,9 +431,9 @@ impl Qp {
         self.transmit(now, mem, buf, None)
     }
 
-    /// [`Qp::poll_transmit`], with request payloads from memory that can be lent left in
-    /// place: see [`Gather`](super::Gather) for what the packet then is. `gather.pieces` is
-    /// empty after a packet built the usual way.
+    /// [`Qp::poll_transmit`], with request and READ response payloads from memory that can
+    /// be lent left in place: see [`Gather`](super::Gather) for what the packet then is.
+    /// `gather.pieces` is empty after a packet built the usual way.
     pub fn poll_transmit_gather(
         &mut self,
         now: u64,

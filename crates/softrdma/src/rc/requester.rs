@@ -477,59 +477,38 @@ fn lend_payload(
     g.pieces.clear();
     let mut copy = false;
     let walked = w.sges.for_each_piece(off, plen, |sge, soff, _, n| {
-        if copy {
-            return Ok(());
-        }
-        if g.pieces.len() == LEND_MAX_PIECES {
+        if copy || g.pieces.len() == LEND_MAX_PIECES {
             copy = true;
             return Ok(());
         }
-        match mem.lend(
+        let l = mem.lend(
             actx,
             sge.lkey,
             sge.addr.wrapping_add(soff),
             n as u64,
             Access::NONE,
-        )? {
+        )?;
+        match l {
             Some(l) => g.pieces.push(l),
             None => copy = true,
         }
         Ok(())
     });
-    let ok = match walked {
-        Ok(true) => !copy,
-        Ok(false) => {
-            g.pieces.clear();
-            return Err(LocalErr::Fail(WcStatus::LocProtErr));
-        }
-        Err(e) => {
-            g.pieces.clear();
-            return Err(local_err(e));
-        }
+    let r = match walked {
+        Ok(true) => Ok(!copy),
+        Ok(false) => Err(LocalErr::Fail(WcStatus::LocProtErr)),
+        Err(e) => Err(local_err(e)),
     };
-    if !ok {
-        g.pieces.clear();
-    }
-    Ok(ok)
-}
-
-/// Emit headers, then pad and ICRC for a payload of `plen` bytes lent in `g.pieces`: the
-/// packet on the wire is `buf[..g.split]`, the pieces, then the rest of the returned length.
-pub(crate) fn emit_lent(
-    h: &HeaderRepr,
-    plen: usize,
-    icrc: &IcrcContext,
-    buf: &mut [u8],
-    g: &mut Gather,
-) -> Result<usize, WcStatus> {
-    let r = emit_lent_inner(h, plen, icrc, buf, g);
-    if r.is_err() {
+    if r != Ok(true) {
         g.pieces.clear();
     }
     r
 }
 
-fn emit_lent_inner(
+/// Emit headers, then pad and ICRC for a payload of `plen` bytes lent in `g.pieces`: the
+/// packet on the wire is `buf[..g.split]`, the pieces, then the rest of the returned length.
+/// On failure the pieces are given back.
+pub(crate) fn emit_lent(
     h: &HeaderRepr,
     plen: usize,
     icrc: &IcrcContext,
@@ -539,24 +518,30 @@ fn emit_lent_inner(
     let mut h = *h;
     let pad = usize::from(pad_for(plen));
     h.bth.pad_cnt = pad as u8;
-    let hl = h.emit(buf).map_err(|_| WcStatus::LocLenErr)?;
-    if buf.len() < hl + pad + ICRC_LEN {
-        return Err(WcStatus::LocLenErr);
-    }
-    buf[hl..hl + pad].fill(0);
-    let (head, tail) = buf.split_at_mut(hl);
-    let pieces = &g.pieces;
-    let crc = icrc
-        .compute_with(head, hl + plen + pad, |c| {
-            for p in pieces {
-                p.crc_update(c);
-            }
+    let sealed = h.emit(buf).ok().and_then(|hl| {
+        if buf.len() < hl + pad + ICRC_LEN {
+            return None;
+        }
+        buf[hl..hl + pad].fill(0);
+        let (head, tail) = buf.split_at_mut(hl);
+        let pieces = &g.pieces;
+        let crc = icrc.compute_with(head, hl + plen + pad, |c| {
+            pieces.iter().for_each(|p| p.crc_update(c));
             c.update(&tail[..pad]);
-        })
-        .map_err(|_| WcStatus::LocLenErr)?;
-    tail[pad..pad + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
-    g.split = hl;
-    Ok(hl + pad + ICRC_LEN)
+        });
+        tail[pad..pad + ICRC_LEN].copy_from_slice(&crc.ok()?.to_le_bytes());
+        Some(hl)
+    });
+    match sealed {
+        Some(hl) => {
+            g.split = hl;
+            Ok(hl + pad + ICRC_LEN)
+        }
+        None => {
+            g.pieces.clear();
+            Err(WcStatus::LocLenErr)
+        }
+    }
 }
 
 /// Emit headers, let `fill` write `plen` payload bytes behind them, then pad and seal.

@@ -397,7 +397,8 @@ impl WorkCompletion {
     }
 }
 
-/// A request payload sent from registered memory without copying it (zero-copy): after
+/// A payload (of a request or a READ response) sent from registered memory without copying it
+/// (zero-copy): after
 /// [`Qp::poll_transmit_gather`](super::Qp::poll_transmit_gather) returned a packet of `n`
 /// bytes with `pieces` not empty, the packet on the wire is `buf[..split]`, then the pieces
 /// in order, then `buf[split..n]` (pad and ICRC). The pieces keep their regions' bytes in
