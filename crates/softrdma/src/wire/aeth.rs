@@ -127,6 +127,7 @@ pub struct AethRepr {
 
 impl AethRepr {
     /// Parse; the reserved top bit of the syndrome must be clear.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Aeth<T>) -> Result<AethRepr> {
         if h.syndrome() & 0x80 != 0 {
             return Err(super::Error::ReservedBits);

@@ -23,6 +23,7 @@ pub struct AtomicAckEthRepr {
 
 impl AtomicAckEthRepr {
     /// Parse.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &AtomicAckEth<T>) -> Result<AtomicAckEthRepr> {
         Ok(AtomicAckEthRepr { orig: h.orig() })
     }

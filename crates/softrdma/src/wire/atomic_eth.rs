@@ -49,6 +49,7 @@ pub struct AtomicEthRepr {
 
 impl AtomicEthRepr {
     /// Parse.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &AtomicEth<T>) -> Result<AtomicEthRepr> {
         Ok(AtomicEthRepr {
             va: h.va(),

@@ -140,6 +140,7 @@ impl BthRepr {
     }
 
     /// Parse a BTH. Checks the version and that reserved bits are clear.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Bth<T>) -> Result<BthRepr> {
         if h.tver() != 0 {
             return Err(Error::BadVersion(h.tver()));

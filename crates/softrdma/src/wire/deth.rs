@@ -40,6 +40,7 @@ pub struct DethRepr {
 
 impl DethRepr {
     /// Parse; the reserved byte must be zero.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Deth<T>) -> Result<DethRepr> {
         if h.reserved() != 0 {
             return Err(Error::ReservedBits);

@@ -26,6 +26,7 @@ pub struct FethRepr {
 
 impl FethRepr {
     /// Parse; reserved bits must be clear.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Feth<T>) -> Result<FethRepr> {
         let w = h.raw();
         if w & !0x3f != 0 {

@@ -95,6 +95,7 @@ impl HeaderRepr {
     }
 
     /// Parse the headers at the start of `buf`; returns them and the opcode's table entry.
+    #[inline]
     pub fn parse(buf: &[u8]) -> Result<(HeaderRepr, &'static OpcodeInfo)> {
         let bth = BthRepr::parse(&Bth::new_checked(buf)?)?;
         let info = bth
@@ -244,6 +245,7 @@ impl<'a> Packet<'a> {
     /// that payload plus pad is a multiple of four, and the payload rules of the opcode
     /// (none for requests without data and acknowledgements; a whole MTU-sized, unpadded
     /// payload for First and Middle packets; 8 bytes for ATOMIC WRITE).
+    #[inline]
     pub fn parse(buf: &'a [u8]) -> Result<Packet<'a>> {
         let (hdr, info) = HeaderRepr::parse(buf)?;
         let hl = info.header_len();

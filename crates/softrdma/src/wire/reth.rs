@@ -43,6 +43,7 @@ pub struct RethRepr {
 
 impl RethRepr {
     /// Parse.
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(h: &Reth<T>) -> Result<RethRepr> {
         Ok(RethRepr {
             va: h.va(),
