@@ -76,9 +76,23 @@ pub fn bw(size: usize, segment: usize, secs: f64) -> Res<f64> {
     Ok(got as f64 / secs / 1e6)
 }
 
-/// One-way latency in microseconds (half the median round trip) of `size`-byte datagrams,
-/// ping-pong between two busy-polling threads, `iters` round trips.
-pub fn lat(size: usize, iters: usize) -> Res<f64> {
+/// One-way latencies of a ping-pong, in microseconds (half the round trip, as perftest
+/// reports).
+#[derive(Clone, Copy, Debug)]
+pub struct Lat {
+    /// Fastest.
+    pub min: f64,
+    /// Median: the figure compared against.
+    pub median: f64,
+    /// Mean.
+    pub avg: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+/// One-way latencies (half the round trip) of `size`-byte datagrams, ping-pong between two
+/// busy-polling threads, `iters` round trips.
+pub fn lat(size: usize, iters: usize) -> Res<Lat> {
     let a = port("127.0.0.1:0".parse()?)?;
     let b = port("127.0.0.2:0".parse()?)?;
     let (aa, ba) = (a.local_addr(), b.local_addr());
@@ -122,5 +136,12 @@ pub fn lat(size: usize, iters: usize) -> Res<f64> {
     }
     let _ = echo.join();
     rtts.sort();
-    Ok(rtts[rtts.len() / 2].as_secs_f64() * 1e6 / 2.0)
+    let one_way = |d: Duration| d.as_secs_f64() * 1e6 / 2.0;
+    let n = rtts.len();
+    Ok(Lat {
+        min: one_way(rtts[0]),
+        median: one_way(rtts[n / 2]),
+        avg: rtts.iter().map(|d| one_way(*d)).sum::<f64>() / n as f64,
+        p99: one_way(rtts[(n * 99 / 100).min(n - 1)]),
+    })
 }

@@ -243,8 +243,11 @@ fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     "{{\"baseline\": \"udp_bw\", \"size\": {size}, \"segment\": {segment}, \"mb_per_s\": {mb:.1}}}"
                 );
             } else {
-                let us = softrdma_cli::baseline::lat(size, (amount as usize).clamp(10, 1_000_000))?;
-                println!("{{\"baseline\": \"udp_lat\", \"size\": {size}, \"lat_us\": {us:.3}}}");
+                let l = softrdma_cli::baseline::lat(size, (amount as usize).clamp(10, 1_000_000))?;
+                println!(
+                    "{{\"baseline\": \"udp_lat\", \"size\": {size}, \"lat_us\": {:.3}, \"lat_min_us\": {:.3}, \"lat_avg_us\": {:.3}, \"lat_p99_us\": {:.3}}}",
+                    l.median, l.min, l.avg, l.p99
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
