@@ -85,34 +85,32 @@ pub struct QpBody {
 /// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
 const ACK_DELAY: u64 = 15_000;
 
-/// The newest plain acknowledgement of a QP, held back in busy-poll mode (acknowledgements
-/// are cumulative: a newer one makes an older one unnecessary).
-#[derive(Debug)]
+/// When a QP's transport began holding back a positive acknowledgement (busy-poll mode). The
+/// acknowledgement itself stays queued in the transport, unbuilt: acknowledgements are
+/// cumulative, so a newer one replaces it there, and it is built only when it is sent.
+#[derive(Debug, Default)]
 struct HeldAck {
-    bytes: [u8; HeldAck::CAP],
-    len: usize,
-    since: u64,
+    since: Option<u64>,
 }
 
 impl HeldAck {
-    /// Room for an ACK over IPv4 or IPv6 (BTH, AETH, ICRC: 20 bytes).
-    const CAP: usize = 32;
-
-    fn hold(&mut self, pkt: &[u8], now: u64) {
-        if self.len == 0 {
-            self.since = now;
-        }
-        self.bytes[..pkt.len()].copy_from_slice(pkt);
-        self.len = pkt.len();
-    }
-
     fn due(&self, now: u64) -> bool {
-        self.len > 0 && now.saturating_sub(self.since) >= ACK_DELAY
+        self.since
+            .is_some_and(|t| now.saturating_sub(t) >= ACK_DELAY)
     }
 
     /// When the held acknowledgement (if any) is due.
     fn due_at(&self) -> Option<u64> {
-        (self.len > 0).then(|| self.since.saturating_add(ACK_DELAY))
+        self.since.map(|t| t.saturating_add(ACK_DELAY))
+    }
+
+    /// Note whether the transport holds one after a drive at `now`.
+    fn note(&mut self, holds: bool, now: u64) {
+        if !holds {
+            self.since = None;
+        } else if self.since.is_none() {
+            self.since = Some(now);
+        }
     }
 }
 
@@ -162,11 +160,7 @@ impl QpCell {
                     split: 0,
                 },
                 deltas: Vec::with_capacity(4),
-                held_ack: HeldAck {
-                    bytes: [0; HeldAck::CAP],
-                    len: 0,
-                    since: 0,
-                },
+                held_ack: HeldAck::default(),
             }),
             send_cq,
             recv_cq,
@@ -384,61 +378,19 @@ impl Engine {
             deltas,
             held_ack,
         } = body;
-        let max = qp.max_packet_len();
         if let Some(dst) = *peer {
-            let v4 = dst.is_ipv4();
-            loop {
-                if !tx.has_room(max) {
-                    self.flush(tx);
-                }
-                let mem: &MemoryTable = &self.mem;
-                // Request and READ response payloads from memory the engine keeps alive are
-                // lent, not copied: the kernel copies them from the region during the send.
-                let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
-                    qp.poll_transmit_gather(now, mem, buf, g).unwrap_or(0)
-                });
-                match built {
-                    Some((0, _, _)) => break,
-                    Some((wire, n, k)) => {
-                        if wire > n {
-                            self.counters.tx_zero_copy.fetch_add(1, Ordering::Relaxed);
-                        }
-                        let pkt = tx.last_packet_mut(n);
-                        // A plain ACK (opcode 0x11, ACK syndrome): acknowledgements are
-                        // cumulative, so in busy-poll mode the newest one is held back and
-                        // replaces older ones, and goes out alone after ACK_DELAY.
-                        if defer_acks
-                            && wire == n
-                            && n <= HeldAck::CAP
-                            && pkt[0] == 0x11
-                            && pkt.len() > 12
-                            && pkt[12] & 0x60 == 0
-                        {
-                            held_ack.hold(pkt, now);
-                            tx.pop_last_packet(n);
-                            continue;
-                        }
-                        if k > 0 && v4 {
-                            fix_icrc_for_id(deltas, pkt, wire, k);
-                        }
-                    }
-                    None => {
-                        if tx.is_empty() {
-                            break; // cannot happen: an empty batch has room for a packet
-                        }
-                        self.flush(tx);
-                    }
-                }
-            }
+            // A held acknowledgement stays held through this drive's requests, and so does a
+            // new one in busy-poll mode.
+            let hold = defer_acks || held_ack.since.is_some();
+            self.transmit(qp, dst, tx, gather, deltas, now, hold);
             // Requests and answers go first. A held ACK that is due goes out after them, in
             // a datagram and system call of its own (as a GSO segment behind a small request
             // it costs the request more than it saves) -- but not from packet handling: the
             // next progress call sends it, after the application has seen what arrived.
-            self.flush(tx);
             if !defer_acks && held_ack.due(now) {
-                self.push_held(dst, tx, deltas, held_ack);
-                self.flush(tx);
+                self.transmit(qp, dst, tx, gather, deltas, now, false);
             }
+            held_ack.note(qp.holds_ack(), now);
         }
         while let Some(wc) = qp.poll_send_completion() {
             cell.send_cq.push(wc);
@@ -450,30 +402,67 @@ impl Engine {
         held_ack.due_at()
     }
 
-    /// Queue the held acknowledgement (if any) for sending.
-    fn push_held(
+    /// Build and send everything `qp` has ready for `dst`, leaving a lone positive
+    /// acknowledgement queued with `hold_ack`.
+    #[allow(clippy::too_many_arguments)]
+    fn transmit(
         &self,
+        qp: &mut Qp,
         dst: SocketAddr,
         tx: &mut TxBatch,
+        gather: &mut Gather,
         deltas: &mut Vec<IdDelta>,
-        held: &mut HeldAck,
+        now: u64,
+        hold_ack: bool,
     ) {
-        if held.len == 0 {
-            return;
+        let max = qp.max_packet_len();
+        let v4 = dst.is_ipv4();
+        loop {
+            if !tx.has_room(max) {
+                self.flush(tx);
+            }
+            let mem: &MemoryTable = &self.mem;
+            // Request and READ response payloads from memory the engine keeps alive are
+            // lent, not copied: the kernel copies them from the region during the send.
+            let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
+                qp.poll_transmit_gather(now, mem, buf, g, hold_ack)
+                    .unwrap_or(0)
+            });
+            match built {
+                Some((0, _, _)) => break,
+                Some((wire, n, k)) => {
+                    if wire > n {
+                        self.counters.tx_zero_copy.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if k > 0 && v4 {
+                        fix_icrc_for_id(deltas, tx.last_packet_mut(n), wire, k);
+                    }
+                }
+                None => {
+                    if tx.is_empty() {
+                        break; // cannot happen: an empty batch has room for a packet
+                    }
+                    self.flush(tx);
+                }
+            }
         }
-        if !tx.has_room(held.len) {
-            self.flush(tx);
+        self.flush(tx);
+    }
+
+    /// Send the QP's held acknowledgement (and whatever else it has ready) now.
+    fn release_ack(&self, body: &mut QpBody, now: u64) {
+        let QpBody {
+            qp,
+            peer,
+            tx,
+            gather,
+            deltas,
+            held_ack,
+        } = body;
+        if let Some(dst) = *peer {
+            self.transmit(qp, dst, tx, gather, deltas, now, false);
         }
-        let n = held.len;
-        if let Some((n, k)) = tx.push_packet(dst, n, |buf| {
-            buf[..n].copy_from_slice(&held.bytes[..n]);
-            n
-        }) && k > 0
-            && dst.is_ipv4()
-        {
-            fix_icrc_for_id(deltas, tx.last_packet_mut(n), n, k);
-        }
-        held.len = 0;
+        held_ack.note(qp.holds_ack(), now);
     }
 
     /// Move a QP's completions to its CQs without transmitting (after a post that cannot
@@ -491,18 +480,7 @@ impl Engine {
     /// Send the QP's held acknowledgement now (before the QP goes away: its peer is waiting
     /// for it).
     pub fn flush_held(&self, body: &mut QpBody) {
-        let QpBody {
-            peer,
-            tx,
-            deltas,
-            held_ack,
-            ..
-        } = body;
-        if let Some(dst) = *peer {
-            self.push_held(dst, tx, deltas, held_ack);
-            self.flush(tx);
-        }
-        held_ack.len = 0;
+        self.release_ack(body, self.now());
     }
 
     /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
@@ -521,22 +499,11 @@ impl Engine {
         let mut next = u64::MAX;
         w.pending.retain(|cell| {
             let mut body = cell.lock();
-            let QpBody {
-                peer,
-                tx,
-                deltas,
-                held_ack,
-                ..
-            } = &mut *body;
-            if all || held_ack.due(now) {
-                if let Some(dst) = *peer {
-                    self.push_held(dst, tx, deltas, held_ack);
-                    self.flush(tx);
-                }
-                held_ack.len = 0;
+            if all || body.held_ack.due(now) {
+                self.release_ack(&mut body, now);
             }
-            next = next.min(held_ack.due_at().unwrap_or(u64::MAX));
-            held_ack.len > 0
+            next = next.min(body.held_ack.due_at().unwrap_or(u64::MAX));
+            body.held_ack.since.is_some()
         });
         w.pending_due = next;
     }

@@ -428,21 +428,32 @@ impl Qp {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<usize> {
-        self.transmit(now, mem, buf, None)
+        self.transmit(now, mem, buf, None, false)
     }
 
     /// [`Qp::poll_transmit`], with request and READ response payloads from memory that can
     /// be lent left in place: see [`Gather`](super::Gather) for what the packet then is.
     /// `gather.pieces` is empty after a packet built the usual way.
+    ///
+    /// With `hold_ack`, a positive acknowledgement that is the only answer waiting is left
+    /// queued (see [`Qp::holds_ack`]) and requests go out past it.
     pub fn poll_transmit_gather(
         &mut self,
         now: u64,
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
         gather: &mut super::Gather,
+        hold_ack: bool,
     ) -> Option<usize> {
         gather.pieces.clear();
-        self.transmit(now, mem, buf, Some(gather))
+        self.transmit(now, mem, buf, Some(gather), hold_ack)
+    }
+
+    /// True when the only answer waiting is a positive acknowledgement, which a driver may
+    /// hold back: acknowledgements are cumulative, so newer ones replace it until it is sent
+    /// (by a transmit poll without `hold_ack`). Nothing else waits behind a held one.
+    pub fn holds_ack(&self) -> bool {
+        self.recv.has_lone_ack()
     }
 
     fn transmit(
@@ -451,13 +462,14 @@ impl Qp {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
         mut gather: Option<&mut super::Gather>,
+        hold_ack: bool,
     ) -> Option<usize> {
         let icrc = self.attr.av?;
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
             return None;
         }
         let actx = self.actx();
-        if self.recv.has_response() {
+        if self.recv.has_response() && !(hold_ack && self.recv.has_lone_ack()) {
             match self
                 .recv
                 .poll_response(actx, mem, &icrc, buf, gather.as_deref_mut())
@@ -469,7 +481,7 @@ impl Qp {
                 Ok(None) => {}
                 Err(Fatal) => {
                     self.enter_error();
-                    return self.transmit(now, mem, buf, gather);
+                    return self.transmit(now, mem, buf, gather, hold_ack);
                 }
             }
         }

@@ -179,6 +179,19 @@ impl RecvSide {
         !self.resp.is_empty()
     }
 
+    /// True when the only answer waiting is a positive acknowledgement: a driver may hold it
+    /// back, since acknowledgements are cumulative and a newer one replaces it in the queue.
+    pub fn has_lone_ack(&self) -> bool {
+        self.resp.len() == 1
+            && matches!(
+                self.resp.front(),
+                Some(Response::Ack {
+                    syndrome: Syndrome::Ack { .. },
+                    ..
+                })
+            )
+    }
+
     pub(super) fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
         let msn = self.msn;
         // Coalesce: a newer ACK replaces an unsent one at the back of the queue.
@@ -462,7 +475,12 @@ impl RecvSide {
                 if bad_len {
                     return self.nak(psn, NakCode::InvalidRequest, c);
                 }
+                // A lone packet carrying the whole message (and no immediate, which is checked
+                // for room first) is validated by its placement below: the same key, range and
+                // right, so a separate check would only repeat the lookup.
+                let placed_whole = pos == Position::Only && pkt.hdr.immdt.is_none();
                 if reth.dma_len > 0
+                    && !placed_whole
                     && let Err(e) = mem.check(
                         actx,
                         reth.rkey,
