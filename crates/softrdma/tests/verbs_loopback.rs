@@ -56,6 +56,10 @@ fn pair(port: u16, mode: PollMode) -> (Side, Side) {
     (a, b)
 }
 
+/// Taken by the tests that count the engine threads' wake-ups: two of them spinning at once
+/// on two cores would preempt each other's pollers, which is what the counts are about.
+static SPINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn one(cq: &Cq) -> WorkCompletion {
     let v = cq.wait(1, Duration::from_secs(10));
     assert_eq!(v.len(), 1, "no completion within 10 s");
@@ -328,11 +332,14 @@ fn one_datagram_with_packets_for_two_qps() {
 /// instead of being woken by every datagram. A stream of 64 KiB WRITEs keeps both sockets
 /// readable; a receive can outlast the poller-activity window, and a loaded machine preempts
 /// pollers, and neither may turn the engine thread into a third thread spinning on the two
-/// pollers' cores. Every wake-up that did not receive is followed by a nap of ENGINE_NAP
-/// (2 ms), so there are at most about one per millisecond.
+/// pollers' cores. A wake-up that did not receive is followed by a wait that does not watch
+/// the socket: until the pollers go quiet (the waker they keep pushing back fires), or 2 ms
+/// when they had gone quiet but one still held the receive path; so there are at most about
+/// one per millisecond.
 #[test]
 fn busy_poll_engine_thread_naps_while_pollers_receive() {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let _spinning = SPINNING.lock().unwrap_or_else(|e| e.into_inner());
     let (a, b) = pair(24798, PollMode::BusyPoll);
     const LEN: usize = 65536;
     let src =
@@ -391,6 +398,70 @@ fn busy_poll_engine_thread_naps_while_pollers_receive() {
     });
     // Leave no WRITE in flight for the devices' teardown.
     let _ = a.cq.wait(1, Duration::from_millis(100));
+}
+
+/// Busy-poll mode: while an application thread keeps polling, the engine thread sleeps (the
+/// pollers push its waker back) instead of waking every few milliseconds to look, which
+/// preempted a poller each time on two cores; once the pollers go quiet it takes over the
+/// receive path within about 8 ms, so a peer's request is still answered.
+#[test]
+fn busy_poll_engine_thread_sleeps_while_pollers_poll_and_takes_over_after() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::Instant;
+    let _spinning = SPINNING.lock().unwrap_or_else(|e| e.into_inner());
+    let (a, b) = pair(24800, PollMode::BusyPoll);
+    let dst =
+        b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let wakeups = |d: &Device| d.counters().thread_wakeups.load(Relaxed);
+    // Let the engine thread settle into its wait before counting.
+    for _ in 0..1000 {
+        b.dev.progress();
+    }
+    let w0 = wakeups(&b.dev);
+    let t0 = Instant::now();
+    let mut polls = 0u64;
+    while t0.elapsed() < Duration::from_millis(300) {
+        b.dev.progress();
+        polls += 1;
+    }
+    let woke = wakeups(&b.dev) - w0;
+    println!("{polls} polls in 300 ms; engine thread wake-ups meanwhile: {woke}");
+    // About one per 50 ms safety timeout (with room for a preempted poller); waking every
+    // 2 ms to look would be about 150.
+    assert!(
+        woke <= 10,
+        "the engine thread woke {woke} times under an active poller"
+    );
+    // b's application stops polling, just after the engine thread began a wait (so that its
+    // 50 ms safety timeout is far). a's WRITE must still be placed and acknowledged: b's
+    // engine thread takes over once its waker fires, 7-8 ms after the last poll.
+    let w1 = wakeups(&b.dev);
+    let t_sync = Instant::now();
+    while wakeups(&b.dev) == w1 && t_sync.elapsed() < Duration::from_millis(200) {
+        b.dev.progress();
+    }
+    let t1 = Instant::now();
+    let wr = SendWr::new(
+        1,
+        WrOpcode::RdmaWrite {
+            remote_addr: dst.iova(),
+            rkey: dst.rkey(),
+        },
+    )
+    .inline(b"takeover")
+    .flags(SendFlags::SIGNALED | SendFlags::INLINE);
+    a.qp.post_send(&wr).unwrap();
+    let wc = one(&a.cq);
+    let took = t1.elapsed();
+    println!("WRITE to a quiet busy-poll device completed in {took:?}");
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    assert_eq!(&dst.to_vec().unwrap()[..8], b"takeover");
+    // Well inside the engine thread's 50 ms safety timeout: the waker did it.
+    assert!(
+        took < Duration::from_millis(40),
+        "the quiet device answered only after {took:?}"
+    );
 }
 
 /// Request payloads from memory the engine keeps alive go to the socket without a copy into

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
@@ -61,7 +62,7 @@ pub struct EngineCounters {
     /// Packets sent zero-copy: their payload went from the region to the socket without
     /// passing through the transmit buffer.
     pub tx_zero_copy: AtomicU64,
-    /// Times the engine thread woke up (a timer, a packet, or a nap's end).
+    /// Times the engine thread woke up (a timer, a packet, or its waker).
     pub thread_wakeups: AtomicU64,
     /// Times the engine thread received for the device (always in blocking mode; in
     /// busy-poll mode only while no application thread polls).
@@ -210,6 +211,12 @@ pub struct Engine {
     stop: AtomicBool,
     /// When a CQ poller last drove progress (engine clock), for busy-poll mode.
     last_poll: AtomicU64,
+    /// Wakes the engine thread: a timer that active pollers keep pushing into the future
+    /// (busy-poll mode), so that it fires only once they have gone quiet; `stop` fires it
+    /// at once.
+    waker: OwnedFd,
+    /// When pollers last pushed `waker` back (engine clock).
+    waker_armed: AtomicU64,
     /// When pollers next look at the transport timers (ns on the engine clock): the earliest
     /// deadline, or a rescan interval when none is pending.
     next_timer: AtomicU64,
@@ -231,8 +238,20 @@ const RX_BATCH: usize = 32;
 /// thread does not take over the receive path between a busy thread's posts and polls.
 const POLLER_ACTIVE: u64 = 1_000_000;
 
-/// How long the engine thread sleeps while pollers are active (they run the timers then).
-const ENGINE_NAP: u64 = 2_000_000;
+/// How often active pollers push the engine thread's wake-up back (ns).
+const WAKER_PUSH: u64 = 1_000_000;
+
+/// How far ahead pollers set the engine thread's wake-up (ns): it fires WAKER_DELAY -
+/// WAKER_PUSH to WAKER_DELAY after they went quiet, and then the thread takes over. It lies
+/// beyond the scheduler tick on purpose: a timer that becomes a CPU's earliest makes the
+/// kernel reprogram the CPU's timer device, which in a virtual machine is an exit to the
+/// hypervisor (here 18 us per `timerfd_settime` at 1.5 ms, 0.7 us at 5 ms or more), and a
+/// poller would pay it every push.
+const WAKER_DELAY: u64 = 8_000_000;
+
+/// How soon the engine thread tries again when pollers had gone quiet but one still held the
+/// receive path (inside a long receive).
+const ENGINE_RETRY: u64 = 2_000_000;
 
 /// With no timer pending, pollers look at the QPs' timers again after this long.
 const TIMER_SCAN: u64 = 1_000_000;
@@ -247,6 +266,18 @@ impl Engine {
     ) -> io::Result<Engine> {
         port.set_nonblocking(true)?;
         let local_ip = port.local_addr().ip();
+        // SAFETY: timerfd_create takes two integers and returns a new descriptor or -1.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let waker = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Engine {
             port,
             local_ip,
@@ -267,6 +298,8 @@ impl Engine {
             gso,
             stop: AtomicBool::new(false),
             last_poll: AtomicU64::new(0),
+            waker,
+            waker_armed: AtomicU64::new(0),
             next_timer: AtomicU64::new(0),
             counters: EngineCounters::default(),
         })
@@ -349,8 +382,39 @@ impl Engine {
     /// posts, which a poller makes between its polls).
     pub fn mark_active(&self, now: u64) {
         if self.mode == PollMode::BusyPoll {
-            self.last_poll.store(now, Ordering::Relaxed);
+            self.poller_active(now);
         }
+    }
+
+    /// A poller is active at `now`: the engine thread stays off the receive path, and asleep
+    /// (its wake-up is pushed back every WAKER_PUSH, so that it fires only after pollers have
+    /// been quiet for a few milliseconds).
+    fn poller_active(&self, now: u64) {
+        self.last_poll.store(now, Ordering::Relaxed);
+        if self.mode == PollMode::BusyPoll
+            && now.saturating_sub(self.waker_armed.load(Ordering::Relaxed)) >= WAKER_PUSH
+        {
+            self.waker_armed.store(now, Ordering::Relaxed);
+            self.wake_in(WAKER_DELAY);
+        }
+    }
+
+    /// (Re)arm the engine thread's wake-up to fire `ns` from now.
+    fn wake_in(&self, ns: u64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000).max(1) as libc::c_long,
+            },
+        };
+        // SAFETY: `spec` is a valid itimerspec and the old value is not asked for.
+        let _ = unsafe {
+            libc::timerfd_settime(self.waker.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+        };
     }
 
     /// Transmit whatever `cell`'s transport has ready and move its completions to the CQs.
@@ -533,7 +597,7 @@ impl Engine {
         // engine thread that stepped in while pollers were quiet would keep it (and compete
         // with spinning pollers for the cores) for as long as they keep finding it taken.
         let now = self.now();
-        self.last_poll.store(now, Ordering::Relaxed);
+        self.poller_active(now);
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
@@ -559,7 +623,9 @@ impl Engine {
     /// counts as active at every batch, so that a long receive does not look like a quiet
     /// poller to the engine thread.
     fn receive_at(&self, rx: &mut RxState, defer_acks: bool, poller: bool, now: u64) -> usize {
-        self.flush_pending_at(rx, !defer_acks, now);
+        if !defer_acks {
+            self.flush_pending_at(rx, true, now);
+        }
         let mut done = 0;
         let mut now = now;
         for round in 0..8 {
@@ -577,7 +643,7 @@ impl Engine {
             if round > 0 {
                 now = self.now();
                 if poller {
-                    self.last_poll.store(now, Ordering::Relaxed);
+                    self.poller_active(now);
                 }
             }
             for i in 0..n {
@@ -591,6 +657,15 @@ impl Engine {
             if n < RX_BATCH {
                 break;
             }
+        }
+        if defer_acks {
+            // Busy-poll mode: a due acknowledgement goes out from a poll that found nothing,
+            // in time the poller would spin away anyway. A poll that found packets hands them
+            // to the application first (a system call ahead of them delays what it waits
+            // for); in a stream that never leaves the socket empty, acknowledgements go out
+            // once overdue by another ACK_DELAY.
+            let slack = if done > 0 { ACK_DELAY } else { 0 };
+            self.flush_pending_at(rx, false, now.saturating_sub(slack));
         }
         self.counters
             .rx_packets
@@ -776,17 +851,21 @@ impl Engine {
     /// Ask the engine thread to stop.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        self.wake_in(1);
     }
 
     /// The engine thread's loop: until stopped, wait for packets (blocking mode) or for the
     /// next timer, then make progress.
     pub fn run(&self) {
-        const IDLE: u64 = 50_000_000; // wake at least every 50 ms to notice `stop`
+        const IDLE: u64 = 50_000_000; // wake at least every 50 ms (a safety net: `stop` wakes it)
         // Busy-poll mode: the socket woke this thread but a poller had the packets (it was
-        // active again, or still inside a long receive); the next wait is a nap that does
-        // not watch the socket, so that a steady stream of packets cannot keep waking the
-        // thread to spin against the pollers for the cores.
+        // active again, or still inside a long receive); the next wait does not watch the
+        // socket, so that a steady stream of packets cannot keep waking the thread to spin
+        // against the pollers for the cores.
         let mut woken_for_nothing = false;
+        // Pollers had gone quiet but the receive path was taken: nobody may push the waker
+        // again, so the next wait is short.
+        let mut retry = false;
         while !self.stop.load(Ordering::Acquire) {
             let next = self.run_timers();
             let now = self.now();
@@ -801,21 +880,39 @@ impl Engine {
                             > POLLER_ACTIVE
                 }
             };
-            // While pollers are active they fire timers themselves; the thread naps longer
-            // and only watches for them going quiet.
-            let wait = if watch_socket { wait } else { ENGINE_NAP };
+            // While pollers are active they fire timers themselves, and keep pushing the
+            // waker back: the thread sleeps until they have gone quiet (or `stop`).
+            let wait = match (watch_socket, retry) {
+                (true, _) => wait,
+                (false, true) => ENGINE_RETRY,
+                (false, false) => IDLE,
+            };
             let ts = libc::timespec {
                 tv_sec: (wait / 1_000_000_000) as i64,
                 tv_nsec: (wait % 1_000_000_000) as i64,
             };
-            let mut p = libc::pollfd {
-                fd: self.port.raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let nfds = if watch_socket { 1 } else { 0 };
-            // SAFETY: `p` is one valid pollfd (ignored when nfds is 0) and `ts` a valid timeout.
-            let ready = unsafe { libc::ppoll(&mut p, nfds, &ts, std::ptr::null()) } > 0;
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.waker.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.port.raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let nfds = if watch_socket { 2 } else { 1 };
+            // SAFETY: `fds` holds `nfds` valid pollfds and `ts` is a valid timeout.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            let ready = n > 0 && fds[1].revents != 0;
+            if n > 0 && fds[0].revents != 0 {
+                let mut ticks = [0u8; 8];
+                // SAFETY: reads at most 8 bytes into a live buffer from our timerfd (which is
+                // non-blocking: nothing to read is an error we ignore).
+                let _ = unsafe { libc::read(self.waker.as_raw_fd(), ticks.as_mut_ptr().cast(), 8) };
+            }
             self.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
             // Receive only when it is this thread's turn: always in blocking mode, and in
             // busy-poll mode once pollers have gone quiet (competing with an active poller
@@ -828,6 +925,7 @@ impl Engine {
             // due); this thread keeps off the receive lock, so that being preempted while
             // holding it can never stall them.
             woken_for_nothing = false;
+            retry = false;
             let rx = match self.mode {
                 // The receive path is this thread's (an application thread that calls
                 // `progress` meanwhile is waited for, not spun against).
@@ -846,7 +944,10 @@ impl Engine {
                 // A poller holds the receive path (a poller inside a long receive has not
                 // marked itself active for a while), or was active again by the time this
                 // thread ran.
-                None => woken_for_nothing = ready || pollers_quiet,
+                None => {
+                    woken_for_nothing = ready || pollers_quiet;
+                    retry = pollers_quiet;
+                }
             }
         }
     }
