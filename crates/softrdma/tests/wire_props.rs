@@ -146,3 +146,60 @@ proptest! {
         }
     }
 }
+
+/// Any IPv4 or IPv6 context: addresses, ports, identification, Don't Fragment.
+fn any_context() -> impl Strategy<Value = softrdma::wire::IcrcContext> {
+    use softrdma::wire::IpHeader;
+    (
+        any::<bool>(),
+        any::<[u8; 32]>(),
+        any::<(u16, u16, u16, bool)>(),
+    )
+        .prop_map(|(v6, a, (sport, dport, id, df))| {
+            let ip = if v6 {
+                IpHeader::V6 {
+                    src: core::net::Ipv6Addr::from(<[u8; 16]>::try_from(&a[..16]).unwrap()),
+                    dst: core::net::Ipv6Addr::from(<[u8; 16]>::try_from(&a[16..]).unwrap()),
+                }
+            } else {
+                IpHeader::V4 {
+                    src: Ipv4Addr::new(a[0], a[1], a[2], a[3]),
+                    dst: Ipv4Addr::new(a[4], a[5], a[6], a[7]),
+                    id,
+                    dont_fragment: df,
+                }
+            };
+            IcrcContext {
+                ip,
+                src_port: sport,
+                dst_port: dport,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// The precomputed headers give the ICRC computed from scratch: any context, any body
+    /// length (up to past the largest path MTU), another identification set afterwards, and
+    /// a body fed in two pieces.
+    #[test]
+    fn icrc_prefix_equals_the_full_computation(
+        ctx in any_context(),
+        body in prop::collection::vec(any::<u8>(), 12..4200),
+        id in any::<u16>(),
+        cut in 12usize..4200,
+    ) {
+        use softrdma::wire::{IcrcPrefix, IpHeader};
+        let p = IcrcPrefix::new(ctx);
+        prop_assert_eq!(p.compute(&body).unwrap(), ctx.compute(&body).unwrap());
+        let mut other = ctx;
+        if let IpHeader::V4 { id: i, .. } = &mut other.ip {
+            *i = id;
+        }
+        prop_assert_eq!(p.with_id(id).compute(&body).unwrap(), other.compute(&body).unwrap());
+        let cut = cut.min(body.len());
+        let split = p.compute_with(&body[..cut], body.len(), |h| h.update(&body[cut..]));
+        prop_assert_eq!(split.unwrap(), ctx.compute(&body).unwrap());
+    }
+}

@@ -24,7 +24,7 @@ use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
 use crate::rc::requester::LEND_MAX_PIECES;
 use crate::rc::{Gather, Qp, Srq};
-use crate::wire::{ICRC_LEN, IcrcContext, IdDelta, IpHeader, Packet};
+use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDelta, IpHeader, Packet};
 
 /// How the engine waits for packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +184,8 @@ struct RxState {
 /// What the receive path keeps between packets.
 struct RxWork {
     deltas: Vec<IdDelta>,
+    /// The ICRC headers of the last sender seen (most datagrams come from the same peer).
+    icrc: Option<(SocketAddr, IcrcPrefix)>,
     /// QPs holding an acknowledgement back (until the end of a receive batch; in busy-poll
     /// mode up to ACK_DELAY).
     pending: Vec<Arc<QpCell>>,
@@ -287,6 +289,7 @@ impl Engine {
                 batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
                 work: RxWork {
                     deltas: Vec::new(),
+                    icrc: None,
                     pending: Vec::with_capacity(64),
                     pending_due: u64::MAX,
                     last_qp: None,
@@ -684,31 +687,40 @@ impl Engine {
         k: usize,
         seg: &'a [u8],
         deltas: &mut Vec<IdDelta>,
+        prefix: &mut Option<(SocketAddr, IcrcPrefix)>,
     ) -> Option<Packet<'a>> {
         let id = (k & 0xffff) as u16;
-        let ip = match (src.ip(), self.local_ip) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => IpHeader::V4 {
-                src: s,
-                dst: d,
-                id,
-                dont_fragment: true,
-            },
-            (IpAddr::V6(s), IpAddr::V6(d)) => IpHeader::V6 { src: s, dst: d },
+        // The covered headers of the last sender's packets, computed once per sender.
+        let base = match prefix {
+            Some((s, p)) if *s == src => *p,
             _ => {
-                self.counters.rx_bad.fetch_add(1, Ordering::Relaxed);
-                return None;
+                let ip = match (src.ip(), self.local_ip) {
+                    (IpAddr::V4(s), IpAddr::V4(d)) => IpHeader::V4 {
+                        src: s,
+                        dst: d,
+                        id: 0,
+                        dont_fragment: true,
+                    },
+                    (IpAddr::V6(s), IpAddr::V6(d)) => IpHeader::V6 { src: s, dst: d },
+                    _ => {
+                        self.counters.rx_bad.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                };
+                let p = IcrcPrefix::new(IcrcContext {
+                    ip,
+                    src_port: src.port(),
+                    dst_port: self.port.local_addr().port(),
+                });
+                *prefix = Some((src, p));
+                p
             }
         };
-        let ctx = IcrcContext {
-            ip,
-            src_port: src.port(),
-            dst_port: self.port.local_addr().port(),
-        };
+        let ctx = base.with_id(id);
+        let v4 = matches!(ctx.context().ip, IpHeader::V4 { .. });
         match Packet::parse_verified(&ctx, seg) {
             Ok(p) => return Some(p),
-            Err(crate::wire::Error::BadIcrc { carried, computed })
-                if matches!(ip, IpHeader::V4 { .. }) =>
-            {
+            Err(crate::wire::Error::BadIcrc { carried, computed }) if v4 => {
                 let d = delta_for(deltas, seg.len() - ICRC_LEN);
                 if d.solve(computed ^ d.delta(id), carried).is_some() {
                     self.counters.rx_icrc_solved.fetch_add(1, Ordering::Relaxed);
@@ -736,7 +748,7 @@ impl Engine {
                 None => {
                     let Some((k, seg)) = segs.next() else { break };
                     done += 1;
-                    match self.verify(d.src, k, seg, &mut w.deltas) {
+                    match self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) {
                         Some(p) => p,
                         None => continue,
                     }
@@ -754,7 +766,7 @@ impl Engine {
             self.handle_packet(now, &cell, &mut body, &pkt);
             for (k, seg) in segs.by_ref() {
                 done += 1;
-                let Some(p) = self.verify(d.src, k, seg, &mut w.deltas) else {
+                let Some(p) = self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) else {
                     continue;
                 };
                 if p.hdr.bth.dest_qp != qpn {

@@ -13,7 +13,7 @@ use super::timer::{ack_timeout_ns, earliest};
 use super::wr::{RecvWr, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
 use super::{CreateError, MAX_MSG_SIZE, MAX_OVERHEAD, MAX_SGE, ModifyError, PostError};
 use crate::mem::{AccessCtx, MemoryAccess};
-use crate::wire::{Packet, Psn, Transport};
+use crate::wire::{IcrcPrefix, Packet, Psn, Transport};
 
 /// Queue sizes (`ibv_qp_cap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,9 @@ pub struct Qp {
     sq_sig_all: bool,
     state: QpState,
     attr: QpAttr,
+    /// The address vector's ICRC context with its covered headers computed ahead (kept with
+    /// `attr.av`).
+    icrc: Option<IcrcPrefix>,
     send: SendSide,
     recv: RecvSide,
     send_cq: VecDeque<WorkCompletion>,
@@ -115,6 +118,7 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
             attr: QpAttr::default(),
+            icrc: None,
             send: SendSide::new(c.max_send_wr as usize, c.max_inline_data as usize),
             recv: RecvSide::new(c.max_recv_wr as usize, c.max_recv_sge as usize, init.srq),
             send_cq: VecDeque::with_capacity(c.max_send_wr as usize),
@@ -176,6 +180,7 @@ impl Qp {
         }
         if has(QpAttrMask::AV) {
             a.av = attr.av;
+            self.icrc = attr.av.map(IcrcPrefix::new);
         }
         if has(QpAttrMask::PATH_MTU) {
             a.path_mtu = attr.path_mtu;
@@ -257,6 +262,7 @@ impl Qp {
         self.send_cq.clear();
         self.recv_cq.clear();
         self.attr = QpAttr::default();
+        self.icrc = None;
         debug_assert!(self.send_cq.capacity() >= depth);
     }
 
@@ -464,7 +470,7 @@ impl Qp {
         mut gather: Option<&mut super::Gather>,
         hold_ack: bool,
     ) -> Option<usize> {
-        let icrc = self.attr.av?;
+        let icrc = self.icrc?;
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
             return None;
         }

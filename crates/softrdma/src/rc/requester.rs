@@ -11,7 +11,7 @@ use super::wr::{Gather, SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, HeaderRepr, Headers, ICRC_LEN, IcrcContext, OpKind, Opcode, Position,
+    AtomicEthRepr, BthRepr, HeaderRepr, Headers, ICRC_LEN, IcrcPrefix, OpKind, Opcode, Position,
     Psn, RethRepr, Transport,
 };
 
@@ -49,7 +49,7 @@ impl SendSide {
         sqd: bool,
         actx: AccessCtx,
         mem: &dyn MemoryAccess,
-        icrc: &IcrcContext,
+        icrc: &IcrcPrefix,
         buf: &mut [u8],
         gather: Option<&mut Gather>,
     ) -> ReqOutput {
@@ -205,7 +205,7 @@ impl SendSide {
         now: u64,
         actx: AccessCtx,
         mem: &dyn MemoryAccess,
-        icrc: &IcrcContext,
+        icrc: &IcrcPrefix,
         buf: &mut [u8],
     ) -> Option<usize> {
         while let Some(r) = self.rereq.pop_front() {
@@ -325,7 +325,7 @@ fn build_request(
     force_ack: bool,
     actx: AccessCtx,
     mem: &dyn MemoryAccess,
-    icrc: &IcrcContext,
+    icrc: &IcrcPrefix,
     buf: &mut [u8],
     gather: Option<&mut Gather>,
 ) -> Result<(usize, bool, u32), LocalErr> {
@@ -511,7 +511,7 @@ fn lend_payload(
 pub(crate) fn emit_lent(
     h: &HeaderRepr,
     plen: usize,
-    icrc: &IcrcContext,
+    icrc: &IcrcPrefix,
     buf: &mut [u8],
     g: &mut Gather,
 ) -> Result<usize, WcStatus> {
@@ -548,7 +548,7 @@ pub(crate) fn emit_lent(
 pub(crate) fn emit_sealed<E: From<WcStatus>>(
     h: &HeaderRepr,
     plen: usize,
-    icrc: &IcrcContext,
+    icrc: &IcrcPrefix,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<usize, E> {

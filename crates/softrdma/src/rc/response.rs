@@ -6,7 +6,7 @@ use super::responder::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
 use super::wr::{Gather, WcStatus};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, Opcode, Syndrome,
+    AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcPrefix, NakCode, Opcode, Syndrome,
 };
 
 impl RecvSide {
@@ -19,7 +19,7 @@ impl RecvSide {
         &mut self,
         actx: AccessCtx,
         mem: &dyn MemoryAccess,
-        icrc: &IcrcContext,
+        icrc: &IcrcPrefix,
         buf: &mut [u8],
         gather: Option<&mut Gather>,
     ) -> Result<Option<usize>, Fatal> {

@@ -8,6 +8,7 @@
 //! which is why a sender must know the ID its datagram will carry (`IP_PMTUDISC_DO` gives 0).
 
 use core::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::OnceLock;
 
 use super::{Error, ICRC_LEN, Result};
 
@@ -122,6 +123,236 @@ impl IcrcContext {
                 crc(&mask_ipv6(&ip)?, &mut udp, head, rest)
             }
         }
+    }
+}
+
+/// Computes the ICRCs of one IP/UDP context: [`IcrcContext`] from scratch, [`IcrcPrefix`]
+/// from its covered headers computed ahead.
+pub trait Icrc {
+    /// The ICRC of a body of `body_len` bytes that starts with `head` (at least the BTH);
+    /// `rest` feeds the remaining `body_len - head.len()` bytes, in order, to the hasher.
+    fn compute_with(
+        &self,
+        head: &[u8],
+        body_len: usize,
+        rest: impl FnOnce(&mut crc32fast::Hasher),
+    ) -> Result<u32>;
+
+    /// The ICRC of a UDP payload whose first `body.len()` bytes are `body` and whose last
+    /// four bytes are the ICRC.
+    fn compute(&self, body: &[u8]) -> Result<u32> {
+        self.compute_with(body, body.len(), |_| {})
+    }
+}
+
+impl Icrc for IcrcContext {
+    fn compute_with(
+        &self,
+        head: &[u8],
+        body_len: usize,
+        rest: impl FnOnce(&mut crc32fast::Hasher),
+    ) -> Result<u32> {
+        IcrcContext::compute_with(self, head, body_len, rest)
+    }
+}
+
+/// The covered headers ahead of the BTH: 8 bytes of ones (the LRH), the masked IPv4 header
+/// and the masked UDP header.
+const PSEUDO_V4: usize = 8 + 20 + 8;
+/// The same for IPv6.
+const PSEUDO_V6: usize = 8 + 40 + 8;
+
+/// How bytes of the covered headers that vary from packet to packet (IPv4 total length and
+/// identification, IPv6 payload length, UDP length) change the CRC: CRC-32 is affine, so
+/// for messages of one length `crc(x ^ e) = crc(x) ^ crc(e) ^ crc(0)`, and the term of each
+/// varying byte is a table lookup.
+struct LenTables {
+    /// IPv4: total length (high, low byte), identification (high, low), UDP length (high,
+    /// low).
+    v4: [[u32; 256]; 6],
+    /// IPv6: the payload length and the UDP length are the same number; its high and low
+    /// byte, each standing at both places.
+    v6: [[u32; 256]; 2],
+}
+
+impl LenTables {
+    fn get() -> &'static LenTables {
+        static TABLES: OnceLock<LenTables> = OnceLock::new();
+        TABLES.get_or_init(|| {
+            // The term of byte value `b` at offsets `at` of an `n`-byte header run.
+            fn term(n: usize, at: &[usize], b: u8) -> u32 {
+                let mut e = [0u8; PSEUDO_V6];
+                for &i in at {
+                    e[i] = b;
+                }
+                crc32fast::hash(&e[..n]) ^ crc32fast::hash(&[0u8; PSEUDO_V6][..n])
+            }
+            let mut t = LenTables {
+                v4: [[0; 256]; 6],
+                v6: [[0; 256]; 2],
+            };
+            // IPv4 header at 8: total length at +2, identification at +4; UDP at 28: length
+            // at +4. IPv6 header at 8: payload length at +4; UDP at 48: length at +4.
+            let v4_at = [10, 11, 12, 13, 32, 33];
+            for b in 0..=255u8 {
+                for (k, &at) in v4_at.iter().enumerate() {
+                    t.v4[k][usize::from(b)] = term(PSEUDO_V4, &[at], b);
+                }
+                t.v6[0][usize::from(b)] = term(PSEUDO_V6, &[12, 52], b);
+                t.v6[1][usize::from(b)] = term(PSEUDO_V6, &[13, 53], b);
+            }
+            t
+        })
+    }
+}
+
+/// An [`IcrcContext`] with the CRC of its covered IP and UDP headers computed once (per
+/// connection and per peer), with the fields that vary from packet to packet left zero;
+/// their share is added per packet from tables. A packet's ICRC then runs the CRC over its
+/// BTH and body only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IcrcPrefix {
+    ctx: IcrcContext,
+    /// CRC-32 of the covered headers with lengths (and the IPv4 identification) zero.
+    base: u32,
+}
+
+impl IcrcPrefix {
+    /// Compute the fixed part of `ctx`'s covered headers.
+    pub fn new(ctx: IcrcContext) -> IcrcPrefix {
+        let mut h = [0xffu8; PSEUDO_V6];
+        let n = match ctx.ip {
+            IpHeader::V4 {
+                src,
+                dst,
+                dont_fragment,
+                ..
+            } => {
+                let ip = &mut h[8..28];
+                ip.fill(0);
+                ip[0] = 0x45;
+                ip[1] = 0xff; // TOS
+                if dont_fragment {
+                    ip[6] = 0x40;
+                }
+                ip[8] = 0xff; // TTL
+                ip[9] = 17;
+                ip[10] = 0xff; // header checksum
+                ip[11] = 0xff;
+                ip[12..16].copy_from_slice(&src.octets());
+                ip[16..20].copy_from_slice(&dst.octets());
+                Self::udp(&mut h[28..36], &ctx);
+                PSEUDO_V4
+            }
+            IpHeader::V6 { src, dst } => {
+                let ip = &mut h[8..48];
+                ip.fill(0);
+                // Version 6; traffic class, flow label and hop limit are ones.
+                ip[0] = 0x6f;
+                ip[1] = 0xff;
+                ip[2] = 0xff;
+                ip[3] = 0xff;
+                ip[6] = 17;
+                ip[7] = 0xff;
+                ip[8..24].copy_from_slice(&src.octets());
+                ip[24..40].copy_from_slice(&dst.octets());
+                Self::udp(&mut h[48..56], &ctx);
+                PSEUDO_V6
+            }
+        };
+        IcrcPrefix {
+            ctx,
+            base: crc32fast::hash(&h[..n]),
+        }
+    }
+
+    /// The masked UDP header with its length zero.
+    fn udp(u: &mut [u8], ctx: &IcrcContext) {
+        u[0..2].copy_from_slice(&ctx.src_port.to_be_bytes());
+        u[2..4].copy_from_slice(&ctx.dst_port.to_be_bytes());
+        u[4] = 0;
+        u[5] = 0;
+        u[6] = 0xff; // checksum
+        u[7] = 0xff;
+    }
+
+    /// The context.
+    pub fn context(&self) -> &IcrcContext {
+        &self.ctx
+    }
+
+    /// The same context with another IPv4 identification (the k-th segment of a GSO
+    /// datagram carries k); no change for IPv6.
+    pub fn with_id(mut self, id: u16) -> IcrcPrefix {
+        if let IpHeader::V4 { id: i, .. } = &mut self.ctx.ip {
+            *i = id;
+        }
+        self
+    }
+
+    /// CRC-32 state after the covered headers of a packet with a body of `body_len` bytes.
+    fn state(&self, body_len: usize) -> Result<u32> {
+        let udp_len = 8 + body_len + ICRC_LEN;
+        let udp = u16::try_from(udp_len).map_err(|_| Error::FieldRange("UDP length"))?;
+        let t = LenTables::get();
+        let [uh, ul] = udp.to_be_bytes();
+        Ok(match self.ctx.ip {
+            IpHeader::V4 { id, .. } => {
+                let total =
+                    u16::try_from(20 + udp_len).map_err(|_| Error::FieldRange("IP length"))?;
+                let [th, tl] = total.to_be_bytes();
+                let [ih, il] = id.to_be_bytes();
+                self.base
+                    ^ t.v4[0][usize::from(th)]
+                    ^ t.v4[1][usize::from(tl)]
+                    ^ t.v4[2][usize::from(ih)]
+                    ^ t.v4[3][usize::from(il)]
+                    ^ t.v4[4][usize::from(uh)]
+                    ^ t.v4[5][usize::from(ul)]
+            }
+            IpHeader::V6 { .. } => self.base ^ t.v6[0][usize::from(uh)] ^ t.v6[1][usize::from(ul)],
+        })
+    }
+
+    /// [`IcrcContext::compute_with`], from the precomputed headers.
+    pub fn compute_with(
+        &self,
+        head: &[u8],
+        body_len: usize,
+        rest: impl FnOnce(&mut crc32fast::Hasher),
+    ) -> Result<u32> {
+        const BTH: usize = 12;
+        if head.len() < BTH {
+            return Err(Error::Truncated {
+                what: "BTH",
+                need: BTH,
+                have: head.len(),
+            });
+        }
+        let mut h = crc32fast::Hasher::new_with_initial(self.state(body_len)?);
+        let mut bth = [0u8; BTH];
+        bth.copy_from_slice(&head[..BTH]);
+        bth[4] = 0xff;
+        h.update(&bth);
+        h.update(&head[BTH..]);
+        rest(&mut h);
+        Ok(h.finalize())
+    }
+
+    /// [`IcrcContext::compute`], from the precomputed headers.
+    pub fn compute(&self, body: &[u8]) -> Result<u32> {
+        self.compute_with(body, body.len(), |_| {})
+    }
+}
+
+impl Icrc for IcrcPrefix {
+    fn compute_with(
+        &self,
+        head: &[u8],
+        body_len: usize,
+        rest: impl FnOnce(&mut crc32fast::Hasher),
+    ) -> Result<u32> {
+        IcrcPrefix::compute_with(self, head, body_len, rest)
     }
 }
 

@@ -11,7 +11,7 @@ use super::atomic_eth::{AtomicEth, AtomicEthRepr};
 use super::bth::{Bth, BthRepr};
 use super::deth::{Deth, DethRepr};
 use super::feth::{Feth, FethRepr};
-use super::icrc::{self, IcrcContext};
+use super::icrc::{self, Icrc};
 use super::immdt::ImmDt;
 use super::opcode::{Headers, OpKind, OpcodeInfo, Position};
 use super::reth::{Reth, RethRepr};
@@ -208,12 +208,7 @@ pub fn udp_payload_len(hdr: &HeaderRepr, payload_len: usize) -> usize {
 /// Finish a packet whose headers and `payload_len` payload bytes are already in `buf`: write
 /// zero pad and the ICRC, and return the UDP payload length. The BTH pad count must already
 /// be `pad_for(payload_len)` (as [`Packet::emit`] and the transport set it).
-pub fn seal(
-    ctx: &IcrcContext,
-    buf: &mut [u8],
-    hdr_len: usize,
-    payload_len: usize,
-) -> Result<usize> {
+pub fn seal(ctx: &impl Icrc, buf: &mut [u8], hdr_len: usize, payload_len: usize) -> Result<usize> {
     let pad = usize::from(pad_for(payload_len));
     let body = hdr_len + payload_len + pad;
     let total = body + ICRC_LEN;
@@ -284,7 +279,7 @@ impl<'a> Packet<'a> {
     }
 
     /// Parse and verify the ICRC against the IP/UDP context the payload arrived in.
-    pub fn parse_verified(ctx: &IcrcContext, buf: &'a [u8]) -> Result<Packet<'a>> {
+    pub fn parse_verified(ctx: &impl Icrc, buf: &'a [u8]) -> Result<Packet<'a>> {
         let p = Packet::parse(buf)?;
         let computed = ctx.compute(&buf[..buf.len() - ICRC_LEN])?;
         if computed != p.icrc {
@@ -303,7 +298,7 @@ impl<'a> Packet<'a> {
 
     /// Build the complete UDP payload into `buf`: headers (with the pad count set from the
     /// payload length), payload, zero pad and ICRC. Returns the length written.
-    pub fn emit(&self, ctx: &IcrcContext, buf: &mut [u8]) -> Result<usize> {
+    pub fn emit(&self, ctx: &impl Icrc, buf: &mut [u8]) -> Result<usize> {
         let info = self.hdr.info()?;
         if !info.payload && !self.payload.is_empty() {
             return Err(Error::BadPayload {
@@ -329,7 +324,7 @@ impl<'a> Packet<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{NakCode, Opcode, Psn, Syndrome};
+    use super::super::{IcrcContext, NakCode, Opcode, Psn, Syndrome};
     use super::*;
     use core::net::Ipv4Addr;
 
