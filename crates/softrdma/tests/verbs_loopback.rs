@@ -464,6 +464,59 @@ fn busy_poll_engine_thread_sleeps_while_pollers_poll_and_takes_over_after() {
     );
 }
 
+/// Busy-poll mode holds a plain ACK back (acknowledgements are cumulative), but a post on the
+/// same QP takes it along: a signaled SEND answered by a SEND (the rc_pingpong pattern) then
+/// completes with the answer, instead of waiting out ACK_DELAY. The answer and the ACK go
+/// in one system call, as two datagrams (the request first).
+#[test]
+fn a_post_carries_the_held_ack_along() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (a, b) = pair(24801, PollMode::BusyPoll);
+    let abuf = a.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let bbuf = b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let send = |s: &Side, m: &Mr, id: u64| {
+        let sge = [m.sge(0, 8)];
+        s.qp.post_send(
+            &SendWr::new(id, WrOpcode::Send)
+                .sg(&sge)
+                .flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+    };
+    let recv = |s: &Side, m: &Mr| {
+        s.qp.post_recv(&RecvWr {
+            wr_id: 100,
+            sg_list: &[m.sge(32, 8)],
+        })
+        .unwrap();
+    };
+    for round in 0..20u64 {
+        recv(&a, &abuf);
+        recv(&b, &bbuf);
+        send(&a, &abuf, round);
+        // b takes the ping; the poll that hands it over sends nothing, so b now holds the
+        // ACK for it.
+        let wc = one(&b.cq);
+        assert_eq!((wc.wr_id, wc.status), (100, WcStatus::Success));
+        let sent = b.dev.counters().tx_datagrams.load(Relaxed);
+        send(&b, &bbuf, 1000 + round);
+        assert_eq!(
+            b.dev.counters().tx_datagrams.load(Relaxed) - sent,
+            2,
+            "round {round}: the answer went out without the held ACK"
+        );
+        // a gets the answer and its own send completion (the carried ACK), in any order.
+        let mut got = [one(&a.cq), one(&a.cq)];
+        got.sort_by_key(|w| w.wr_id);
+        assert_eq!(
+            [(got[0].wr_id, got[0].status), (got[1].wr_id, got[1].status)],
+            [(round, WcStatus::Success), (100, WcStatus::Success)]
+        );
+        let wc = one(&b.cq);
+        assert_eq!((wc.wr_id, wc.status), (1000 + round, WcStatus::Success));
+    }
+}
+
 /// Request payloads from memory the engine keeps alive go to the socket without a copy into
 /// the transmit buffer: payloads split over several regions and SGEs, odd lengths (pad),
 /// lengths around the lending threshold, packets with more pieces than are lent (copied), and

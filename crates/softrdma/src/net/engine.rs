@@ -449,14 +449,18 @@ impl Engine {
             // A held acknowledgement stays held through this drive's requests, and so does a
             // new one in busy-poll mode.
             let hold = defer_acks || held_ack.since.is_some();
-            self.transmit(qp, dst, tx, gather, deltas, now, hold);
-            // Requests and answers go first. A held ACK that is due goes out after them, in
-            // a datagram and system call of its own (as a GSO segment behind a small request
-            // it costs the request more than it saves) -- but not from packet handling: the
-            // next progress call sends it, after the application has seen what arrived.
-            if !defer_acks && held_ack.due(now) {
-                self.transmit(qp, dst, tx, gather, deltas, now, false);
+            let sent = self.build(qp, dst, tx, gather, deltas, now, hold);
+            // Requests and answers go first. Outside packet handling (a post, a timer), a
+            // held ACK goes out behind them, as a datagram of its own in the same system
+            // call: the peer may be waiting for it (a signaled send completes only with it),
+            // and the request it follows is already on its way. Never from packet handling:
+            // the next progress call sends a due one, after the application has seen what
+            // arrived.
+            if !defer_acks && held_ack.since.is_some() && (sent > 0 || held_ack.due(now)) {
+                tx.end_datagram();
+                self.build(qp, dst, tx, gather, deltas, now, false);
             }
+            self.flush(tx);
             held_ack.note(qp.holds_ack(), now);
         }
         while let Some(wc) = qp.poll_send_completion() {
@@ -469,10 +473,11 @@ impl Engine {
         held_ack.due_at()
     }
 
-    /// Build and send everything `qp` has ready for `dst`, leaving a lone positive
-    /// acknowledgement queued with `hold_ack`.
+    /// Build everything `qp` has ready for `dst` into its batch (sending full batches),
+    /// leaving a lone positive acknowledgement queued with `hold_ack`; the caller flushes.
+    /// Returns the packets built.
     #[allow(clippy::too_many_arguments)]
-    fn transmit(
+    fn build(
         &self,
         qp: &mut Qp,
         dst: SocketAddr,
@@ -481,7 +486,8 @@ impl Engine {
         deltas: &mut Vec<IdDelta>,
         now: u64,
         hold_ack: bool,
-    ) {
+    ) -> usize {
+        let mut built_n = 0;
         let max = qp.max_packet_len();
         let v4 = dst.is_ipv4();
         loop {
@@ -498,6 +504,7 @@ impl Engine {
             match built {
                 Some((0, _, _)) => break,
                 Some((wire, n, k)) => {
+                    built_n += 1;
                     if wire > n {
                         self.counters.tx_zero_copy.fetch_add(1, Ordering::Relaxed);
                     }
@@ -513,7 +520,7 @@ impl Engine {
                 }
             }
         }
-        self.flush(tx);
+        built_n
     }
 
     /// Send the QP's held acknowledgement (and whatever else it has ready) now.
@@ -527,7 +534,8 @@ impl Engine {
             held_ack,
         } = body;
         if let Some(dst) = *peer {
-            self.transmit(qp, dst, tx, gather, deltas, now, false);
+            self.build(qp, dst, tx, gather, deltas, now, false);
+            self.flush(tx);
         }
         held_ack.note(qp.holds_ack(), now);
     }

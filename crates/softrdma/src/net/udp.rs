@@ -256,6 +256,8 @@ pub struct TxBatch {
     len: usize,
     used: usize,
     gso: bool,
+    /// Datagrams before this index take no more segments ([`TxBatch::end_datagram`]).
+    closed: usize,
 }
 
 impl std::fmt::Debug for TxBatch {
@@ -294,6 +296,7 @@ impl TxBatch {
             len: 0,
             used: 0,
             gso: true,
+            closed: 0,
         }
     }
 
@@ -334,6 +337,7 @@ impl TxBatch {
     /// Drop everything queued (and let go of lent bytes).
     pub fn clear(&mut self) {
         self.len = 0;
+        self.closed = 0;
         self.used = 0;
         self.pieces.clear();
         self.lent.clear();
@@ -421,7 +425,7 @@ impl TxBatch {
             return None;
         }
         let start = self.used;
-        let joinable = self.gso && self.len > 0 && {
+        let joinable = self.gso && self.len > self.closed && {
             let s = self.spans[self.len - 1];
             self.dsts[self.len - 1] == dst
                 && usize::from(s.nseg) < MAX_GSO_SEGMENTS
@@ -467,6 +471,12 @@ impl TxBatch {
             self.used = start + n;
         }
         Some((wire, n, k))
+    }
+
+    /// Let the next packet start a datagram of its own rather than join the last one as a
+    /// GSO segment.
+    pub fn end_datagram(&mut self) {
+        self.closed = self.len;
     }
 
     /// The last `n` bytes of the arena: the packet just pushed (its arena bytes).
@@ -805,6 +815,48 @@ mod tests {
         for (i, d) in got.iter().enumerate() {
             assert_eq!(d, &vec![i as u8; 100]);
         }
+    }
+
+    #[test]
+    fn end_datagram_keeps_the_next_packet_out_of_the_last_datagram() {
+        let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut tx = TxBatch::new(4, 4096);
+        let put = |tx: &mut TxBatch, len: usize, byte: u8| {
+            tx.push_packet(dst, 100, |b| {
+                b[..len].fill(byte);
+                len
+            })
+            .unwrap()
+        };
+        assert_eq!(put(&mut tx, 40, 1), (40, 0));
+        assert_eq!(
+            put(&mut tx, 20, 2),
+            (20, 1),
+            "a smaller packet joins as a segment"
+        );
+        tx.end_datagram();
+        assert_eq!(
+            put(&mut tx, 20, 3),
+            (20, 0),
+            "after end_datagram it starts one"
+        );
+        assert_eq!(
+            put(&mut tx, 20, 4),
+            (20, 1),
+            "which the next packet may join again"
+        );
+        let d = tx.datagrams();
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].1, d[0].2, d[0].0.len()), (40, 2, 60));
+        assert_eq!((d[1].1, d[1].2, d[1].0.len()), (20, 2, 40));
+        assert_eq!(&d[1].0[..20], &[3u8; 20]);
+        tx.clear();
+        assert_eq!(put(&mut tx, 40, 5), (40, 0));
+        assert_eq!(
+            put(&mut tx, 40, 6),
+            (40, 1),
+            "clear forgets the closed datagrams"
+        );
     }
 
     #[test]
