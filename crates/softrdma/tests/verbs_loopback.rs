@@ -403,7 +403,7 @@ fn busy_poll_engine_thread_naps_while_pollers_receive() {
 /// Busy-poll mode: while an application thread keeps polling, the engine thread sleeps (the
 /// pollers push its waker back) instead of waking every few milliseconds to look, which
 /// preempted a poller each time on two cores; once the pollers go quiet it takes over the
-/// receive path within about 8 ms, so a peer's request is still answered.
+/// receive path within about 5 ms, so a peer's request is still answered.
 #[test]
 fn busy_poll_engine_thread_sleeps_while_pollers_poll_and_takes_over_after() {
     use std::sync::atomic::Ordering::Relaxed;
@@ -435,7 +435,7 @@ fn busy_poll_engine_thread_sleeps_while_pollers_poll_and_takes_over_after() {
     );
     // b's application stops polling, just after the engine thread began a wait (so that its
     // 50 ms safety timeout is far). a's WRITE must still be placed and acknowledged: b's
-    // engine thread takes over once its waker fires, 7-8 ms after the last poll.
+    // engine thread takes over once its waker fires, 4-5 ms after the last poll.
     let w1 = wakeups(&b.dev);
     let t_sync = Instant::now();
     while wakeups(&b.dev) == w1 && t_sync.elapsed() < Duration::from_millis(200) {

@@ -244,12 +244,14 @@ const POLLER_ACTIVE: u64 = 1_000_000;
 const WAKER_PUSH: u64 = 1_000_000;
 
 /// How far ahead pollers set the engine thread's wake-up (ns): it fires WAKER_DELAY -
-/// WAKER_PUSH to WAKER_DELAY after they went quiet, and then the thread takes over. It lies
-/// beyond the scheduler tick on purpose: a timer that becomes a CPU's earliest makes the
-/// kernel reprogram the CPU's timer device, which in a virtual machine is an exit to the
-/// hypervisor (here 18 us per `timerfd_settime` at 1.5 ms, 0.7 us at 5 ms or more), and a
-/// poller would pay it every push.
-const WAKER_DELAY: u64 = 8_000_000;
+/// WAKER_PUSH to WAKER_DELAY after they went quiet, and then the thread takes over (an
+/// application that polls in busy-poll mode less often than that leaves incoming requests to
+/// its polls meanwhile: blocking mode suits it better). It lies beyond the scheduler tick on
+/// purpose: a timer that becomes a CPU's earliest makes the kernel reprogram the CPU's timer
+/// device, which in a virtual machine is an exit to the hypervisor (here 18 us per
+/// `timerfd_settime` at 1.5 ms, 0.7-0.8 us at 5 ms or more), and a poller would pay it every
+/// push.
+const WAKER_DELAY: u64 = 5_000_000;
 
 /// How soon the engine thread tries again when pollers had gone quiet but one still held the
 /// receive path (inside a long receive).
