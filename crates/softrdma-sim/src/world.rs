@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use softrdma::mem::Access;
-use softrdma::rc::{Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, Srq, WorkCompletion};
+use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, Srq, WorkCompletion};
 use softrdma::wire::{Error as WireError, IcrcContext, Packet};
 
 use crate::memory::SimMemory;
@@ -196,7 +196,6 @@ impl World {
             let qpn = self.qp(r).qp_num();
             let port = 0xc000 | (qpn as u16 & 0x3fff);
             let attr = QpAttr {
-                qp_state: QpState::Init,
                 qp_access_flags: o.access,
                 av: Some(IcrcContext::v4(local, remote, port)),
                 path_mtu: o.mtu,
@@ -211,39 +210,7 @@ impl World {
                 dest_qp_num: dest,
                 ..QpAttr::default()
             };
-            use QpAttrMask as M;
-            let qp = self.qp(r);
-            qp.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-                .expect("RESET->INIT");
-            let rtr = M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rtr,
-                    ..attr
-                },
-                rtr,
-            )
-            .expect("INIT->RTR");
-            let rts = M::STATE
-                | M::TIMEOUT
-                | M::RETRY_CNT
-                | M::RNR_RETRY
-                | M::SQ_PSN
-                | M::MAX_QP_RD_ATOMIC;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rts,
-                    ..attr
-                },
-                rts,
-            )
-            .expect("RTR->RTS");
+            self.qp(r).connect(&attr).expect("RESET->RTS");
         }
         self.eps[a.ep].peer[a.qp] = Some(b.ep);
         self.eps[b.ep].peer[b.qp] = Some(a.ep);

@@ -11,9 +11,7 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use softrdma::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
-use softrdma::rc::{
-    Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, RecvWr, SendWr, Sge, WcStatus, WrOpcode,
-};
+use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 use softrdma::wire::{IcrcContext, Packet};
 
 struct Counting;
@@ -141,9 +139,7 @@ impl MemoryAccess for Flat {
 }
 
 fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32, psn: (u32, u32)) {
-    use QpAttrMask as M;
-    let a = QpAttr {
-        qp_state: QpState::Init,
+    q.connect(&QpAttr {
         qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         av: Some(IcrcContext::v4(local, remote, 0xc000 | q.qp_num() as u16)),
         path_mtu: Mtu::Mtu1024,
@@ -153,32 +149,7 @@ fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32, psn: (u32, 
         max_dest_rd_atomic: 8,
         dest_qp_num: dest,
         ..QpAttr::default()
-    };
-    q.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
-    q.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..a
-        },
-        rtr,
-    )
-    .unwrap();
-    let rts = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC;
-    q.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..a
-        },
-        rts,
-    )
+    })
     .unwrap();
 }
 

@@ -5,10 +5,7 @@
 use std::net::Ipv4Addr;
 
 use softrdma::mem::{Access, MemConfig, MemSource, MemoryTable, MrInfo, PinMode};
-use softrdma::rc::{
-    Gather, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, SendFlags, SendWr, WcStatus,
-    WrOpcode,
-};
+use softrdma::rc::{Gather, Mtu, Qp, QpAttr, QpCap, QpInit, SendFlags, SendWr, WcStatus, WrOpcode};
 use softrdma::wire::{IcrcContext, NakCode, OpKind, Packet, Psn, Syndrome};
 
 const IA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
@@ -30,8 +27,7 @@ fn port(qpn: u32) -> u16 {
 }
 
 fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32, sq: u32, rq: u32) {
-    let attr = QpAttr {
-        qp_state: QpState::Init,
+    q.connect(&QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
         av: Some(IcrcContext::v4(local, remote, port(q.qp_num()))),
         path_mtu: Mtu::Mtu1024,
@@ -45,33 +41,7 @@ fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32, sq: u32, rq
         min_rnr_timer: 1,
         dest_qp_num: dest,
         ..QpAttr::default()
-    };
-    use QpAttrMask as M;
-    q.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ..attr
-    };
-    q.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        ..attr
-    };
-    q.modify(
-        &rts,
-        M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-    )
+    })
     .unwrap();
 }
 

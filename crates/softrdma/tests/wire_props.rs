@@ -190,7 +190,7 @@ proptest! {
         id in any::<u16>(),
         cut in 12usize..4200,
     ) {
-        use softrdma::wire::{IcrcPrefix, IpHeader};
+        use softrdma::wire::{Icrc, IcrcPrefix, IpHeader};
         let p = IcrcPrefix::new(ctx);
         prop_assert_eq!(p.compute(&body).unwrap(), ctx.compute(&body).unwrap());
         let mut other = ctx;

@@ -439,64 +439,49 @@ impl Engine {
         now: u64,
         defer_acks: bool,
     ) -> Option<u64> {
-        let QpBody {
-            qp,
-            peer,
-            tx,
-            gather,
-            deltas,
-            held_ack,
-        } = body;
-        if let Some(dst) = *peer {
+        if let Some(dst) = body.peer {
             // A held acknowledgement stays held through this drive's requests, and so does a
             // new one in busy-poll mode.
-            let hold = defer_acks || held_ack.since.is_some();
-            let sent = self.build(qp, dst, tx, gather, deltas, now, hold);
+            let hold = defer_acks || body.held_ack.since.is_some();
+            let sent = self.build(body, dst, now, hold);
             // Requests and answers go first. Outside packet handling (a post, a timer), a
             // held ACK goes out behind them, as a datagram of its own in the same system
             // call: the peer may be waiting for it (a signaled send completes only with it),
             // and the request it follows is already on its way. Never from packet handling:
             // the next progress call sends a due one, after the application has seen what
             // arrived.
-            if !defer_acks && held_ack.since.is_some() && (sent > 0 || held_ack.due(now)) {
-                tx.end_datagram();
-                self.build(qp, dst, tx, gather, deltas, now, false);
+            if !defer_acks && body.held_ack.since.is_some() && (sent > 0 || body.held_ack.due(now))
+            {
+                body.tx.end_datagram();
+                self.build(body, dst, now, false);
             }
-            self.flush(tx);
-            held_ack.note(qp.holds_ack(), now);
+            self.flush(&mut body.tx);
+            body.held_ack.note(body.qp.holds_ack(), now);
         }
-        while let Some(wc) = qp.poll_send_completion() {
-            cell.send_cq.push(wc);
-        }
-        while let Some(wc) = qp.poll_recv_completion() {
-            cell.recv_cq.push(wc);
-        }
-        self.timers_changed(qp.poll_timeout());
-        held_ack.due_at()
+        self.drain_completions(cell, body);
+        self.timers_changed(body.qp.poll_timeout());
+        body.held_ack.due_at()
     }
 
-    /// Build everything `qp` has ready for `dst` into its batch (sending full batches),
+    /// Build everything the QP has ready for `dst` into its batch (sending full batches),
     /// leaving a lone positive acknowledgement queued with `hold_ack`; the caller flushes.
     /// Returns the packets built.
-    #[allow(clippy::too_many_arguments)]
-    fn build(
-        &self,
-        qp: &mut Qp,
-        dst: SocketAddr,
-        tx: &mut TxBatch,
-        gather: &mut Gather,
-        deltas: &mut Vec<IdDelta>,
-        now: u64,
-        hold_ack: bool,
-    ) -> usize {
+    fn build(&self, body: &mut QpBody, dst: SocketAddr, now: u64, hold_ack: bool) -> usize {
+        let QpBody {
+            qp,
+            tx,
+            gather,
+            deltas,
+            ..
+        } = body;
         let mut built_n = 0;
         let max = qp.max_packet_len();
         let v4 = dst.is_ipv4();
+        let mem: &MemoryTable = &self.mem;
         loop {
             if !tx.has_room(max) {
                 self.flush(tx);
             }
-            let mem: &MemoryTable = &self.mem;
             // Request and READ response payloads from memory the engine keeps alive are
             // lent, not copied: the kernel copies them from the region during the send.
             let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
@@ -527,19 +512,11 @@ impl Engine {
 
     /// Send the QP's held acknowledgement (and whatever else it has ready) now.
     fn release_ack(&self, body: &mut QpBody, now: u64) {
-        let QpBody {
-            qp,
-            peer,
-            tx,
-            gather,
-            deltas,
-            held_ack,
-        } = body;
-        if let Some(dst) = *peer {
-            self.build(qp, dst, tx, gather, deltas, now, false);
-            self.flush(tx);
+        if let Some(dst) = body.peer {
+            self.build(body, dst, now, false);
+            self.flush(&mut body.tx);
         }
-        held_ack.note(qp.holds_ack(), now);
+        body.held_ack.note(body.qp.holds_ack(), now);
     }
 
     /// Move a QP's completions to its CQs without transmitting (after a post that cannot

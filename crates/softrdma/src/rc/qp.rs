@@ -127,6 +127,26 @@ impl Qp {
         })
     }
 
+    /// Bring a fresh QP to RTS: RESET→INIT→RTR→RTS with [`QpAttrMask::TO_INIT`],
+    /// [`QpAttrMask::TO_RTR`] and [`QpAttrMask::TO_RTS`] from `attr` (which must carry the
+    /// address vector; its state field is ignored).
+    pub fn connect(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
+        for (state, mask) in [
+            (QpState::Init, QpAttrMask::TO_INIT),
+            (QpState::Rtr, QpAttrMask::TO_RTR),
+            (QpState::Rts, QpAttrMask::TO_RTS),
+        ] {
+            self.modify(
+                &QpAttr {
+                    qp_state: state,
+                    ..*attr
+                },
+                mask,
+            )?;
+        }
+        Ok(())
+    }
+
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
         self.qpn

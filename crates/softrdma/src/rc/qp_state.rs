@@ -109,6 +109,27 @@ impl QpAttrMask {
     /// `IBV_QP_DEST_QPN`
     pub const DEST_QPN: QpAttrMask = QpAttrMask(1 << 20);
 
+    /// What RESET→INIT takes when bringing up a connection (as the rdma-core examples do).
+    pub const TO_INIT: QpAttrMask = QpAttrMask::STATE
+        .with(QpAttrMask::PKEY_INDEX)
+        .with(QpAttrMask::PORT)
+        .with(QpAttrMask::ACCESS_FLAGS);
+    /// What INIT→RTR takes: the path and the peer.
+    pub const TO_RTR: QpAttrMask = QpAttrMask::STATE
+        .with(QpAttrMask::AV)
+        .with(QpAttrMask::PATH_MTU)
+        .with(QpAttrMask::DEST_QPN)
+        .with(QpAttrMask::RQ_PSN)
+        .with(QpAttrMask::MAX_DEST_RD_ATOMIC)
+        .with(QpAttrMask::MIN_RNR_TIMER);
+    /// What RTR→RTS takes: the send side's timers, retries and PSN.
+    pub const TO_RTS: QpAttrMask = QpAttrMask::STATE
+        .with(QpAttrMask::SQ_PSN)
+        .with(QpAttrMask::TIMEOUT)
+        .with(QpAttrMask::RETRY_CNT)
+        .with(QpAttrMask::RNR_RETRY)
+        .with(QpAttrMask::MAX_QP_RD_ATOMIC);
+
     /// True when every bit of `o` is set.
     pub const fn contains(self, o: QpAttrMask) -> bool {
         self.0 & o.0 == o.0

@@ -11,8 +11,8 @@ use super::wr::{Gather, SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, HeaderRepr, Headers, ICRC_LEN, IcrcPrefix, OpKind, Opcode, Position,
-    Psn, RethRepr, Transport,
+    AtomicEthRepr, BthRepr, HeaderRepr, Headers, ICRC_LEN, Icrc, IcrcPrefix, OpKind, Opcode,
+    Position, Psn, RethRepr, Transport,
 };
 
 /// What one call of the requester produced.

@@ -165,35 +165,12 @@ impl Qp {
     pub fn connect(&self, remote: IpAddr, attr: &QpAttr) -> Result<(), VerbsError> {
         let mut a = *attr;
         a.qp_state = QpState::Init;
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                .with(QpAttrMask::PKEY_INDEX)
-                .with(QpAttrMask::PORT)
-                .with(QpAttrMask::ACCESS_FLAGS),
-        )?;
+        self.modify(&a, QpAttrMask::TO_INIT)?;
         a.qp_state = QpState::Rtr;
         a.av = Some(self.av_for(remote));
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                .with(QpAttrMask::AV)
-                .with(QpAttrMask::PATH_MTU)
-                .with(QpAttrMask::DEST_QPN)
-                .with(QpAttrMask::RQ_PSN)
-                .with(QpAttrMask::MAX_DEST_RD_ATOMIC)
-                .with(QpAttrMask::MIN_RNR_TIMER),
-        )?;
+        self.modify(&a, QpAttrMask::TO_RTR)?;
         a.qp_state = QpState::Rts;
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                .with(QpAttrMask::SQ_PSN)
-                .with(QpAttrMask::TIMEOUT)
-                .with(QpAttrMask::RETRY_CNT)
-                .with(QpAttrMask::RNR_RETRY)
-                .with(QpAttrMask::MAX_QP_RD_ATOMIC),
-        )
+        self.modify(&a, QpAttrMask::TO_RTS)
     }
 
     /// Current state and attributes (`ibv_query_qp`).

@@ -86,24 +86,42 @@ impl IcrcContext {
         body_len: usize,
         rest: impl FnOnce(&mut crc32fast::Hasher),
     ) -> Result<u32> {
+        let (ip_len, udp_len) = self.lengths(body_len)?;
+        let (h, n) = self.covered(ip_len, udp_len);
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&h[..n]);
+        finish(hasher, head, rest)
+    }
+
+    /// The IP length field (IPv4 total length, IPv6 payload length) and the UDP length of a
+    /// packet whose body (BTH up to the ICRC) is `body_len` bytes.
+    fn lengths(&self, body_len: usize) -> Result<(u16, u16)> {
         let udp_len = 8 + body_len + ICRC_LEN;
-        let udp_len16 = u16::try_from(udp_len).map_err(|_| Error::FieldRange("UDP length"))?;
-        let mut udp = [0u8; 8];
-        udp[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-        udp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        udp[4..6].copy_from_slice(&udp_len16.to_be_bytes());
-        match self.ip {
+        let udp = u16::try_from(udp_len).map_err(|_| Error::FieldRange("UDP length"))?;
+        let ip = match self.ip {
+            IpHeader::V4 { .. } => {
+                u16::try_from(20 + udp_len).map_err(|_| Error::FieldRange("IP length"))?
+            }
+            IpHeader::V6 { .. } => udp,
+        };
+        Ok((ip, udp))
+    }
+
+    /// The bytes the ICRC covers ahead of the BTH, masked: ones for the LRH, this context's
+    /// IP header with `ip_len` in its length field, its UDP header with `udp_len`.
+    fn covered(&self, ip_len: u16, udp_len: u16) -> ([u8; PSEUDO_V6], usize) {
+        let mut h = [0xffu8; PSEUDO_V6];
+        let ip_end = match self.ip {
             IpHeader::V4 {
                 src,
                 dst,
                 id,
                 dont_fragment,
             } => {
-                let total =
-                    u16::try_from(20 + udp_len).map_err(|_| Error::FieldRange("IP length"))?;
-                let mut ip = [0u8; 20];
+                let ip = &mut h[8..28];
+                ip.fill(0);
                 ip[0] = 0x45;
-                ip[2..4].copy_from_slice(&total.to_be_bytes());
+                ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
                 ip[4..6].copy_from_slice(&id.to_be_bytes());
                 if dont_fragment {
                     ip[6] = 0x40;
@@ -111,18 +129,27 @@ impl IcrcContext {
                 ip[9] = 17;
                 ip[12..16].copy_from_slice(&src.octets());
                 ip[16..20].copy_from_slice(&dst.octets());
-                crc(&mask_ipv4(&ip)?.0[..20], &mut udp, head, rest)
+                mask_ipv4_fields(ip);
+                28
             }
             IpHeader::V6 { src, dst } => {
-                let mut ip = [0u8; 40];
+                let ip = &mut h[8..48];
+                ip.fill(0);
                 ip[0] = 0x60;
-                ip[4..6].copy_from_slice(&udp_len16.to_be_bytes());
+                ip[4..6].copy_from_slice(&ip_len.to_be_bytes());
                 ip[6] = 17;
                 ip[8..24].copy_from_slice(&src.octets());
                 ip[24..40].copy_from_slice(&dst.octets());
-                crc(&mask_ipv6(&ip)?, &mut udp, head, rest)
+                mask_ipv6_fields(ip);
+                48
             }
-        }
+        };
+        let u = &mut h[ip_end..ip_end + 8];
+        u[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        u[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        u[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        mask_udp_fields(u);
+        (h, ip_end + 8)
     }
 }
 
@@ -156,16 +183,15 @@ impl Icrc for IcrcContext {
     }
 }
 
-/// The covered headers ahead of the BTH: 8 bytes of ones (the LRH), the masked IPv4 header
-/// and the masked UDP header.
-const PSEUDO_V4: usize = 8 + 20 + 8;
-/// The same for IPv6.
+/// The covered headers ahead of the BTH: 8 bytes of ones (the LRH), the masked IPv6 header
+/// and the masked UDP header (IPv4: 8 + 20 + 8).
 const PSEUDO_V6: usize = 8 + 40 + 8;
 
-/// How bytes of the covered headers that vary from packet to packet (IPv4 total length and
-/// identification, IPv6 payload length, UDP length) change the CRC: CRC-32 is affine, so
-/// for messages of one length `crc(x ^ e) = crc(x) ^ crc(e) ^ crc(0)`, and the term of each
-/// varying byte is a table lookup.
+/// How the fields of the covered headers that vary from packet to packet (IPv4 total length
+/// and identification, IPv6 payload length, UDP length) change the CRC. CRC-32 is affine, so
+/// for messages of one length `crc(x ^ e) = crc(x) ^ crc(e) ^ crc(0)`: each byte of those
+/// fields adds a term of its own, whatever the rest of the headers, and the term of each
+/// byte value is a table lookup.
 struct LenTables {
     /// IPv4: total length (high, low byte), identification (high, low), UDP length (high,
     /// low).
@@ -179,27 +205,40 @@ impl LenTables {
     fn get() -> &'static LenTables {
         static TABLES: OnceLock<LenTables> = OnceLock::new();
         TABLES.get_or_init(|| {
-            // The term of byte value `b` at offsets `at` of an `n`-byte header run.
-            fn term(n: usize, at: &[usize], b: u8) -> u32 {
-                let mut e = [0u8; PSEUDO_V6];
-                for &i in at {
-                    e[i] = b;
-                }
-                crc32fast::hash(&e[..n]) ^ crc32fast::hash(&[0u8; PSEUDO_V6][..n])
-            }
+            // The term of a field value: the covered headers' CRC with it, against with zero
+            // (any addresses and ports: the term does not depend on them).
+            let hash = |ctx: IcrcContext, ip_len: u16, udp_len: u16| {
+                let (h, n) = ctx.covered(ip_len, udp_len);
+                crc32fast::hash(&h[..n])
+            };
+            let (v4, v6) = (
+                IcrcContext::v4(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, 0),
+                IcrcContext::v6(Ipv6Addr::UNSPECIFIED, Ipv6Addr::UNSPECIFIED, 0),
+            );
+            let (z4, z6) = (hash(v4, 0, 0), hash(v6, 0, 0));
+            let with_id = |id: u16| IcrcContext {
+                ip: IpHeader::V4 {
+                    src: Ipv4Addr::UNSPECIFIED,
+                    dst: Ipv4Addr::UNSPECIFIED,
+                    id,
+                    dont_fragment: false,
+                },
+                ..v4
+            };
             let mut t = LenTables {
                 v4: [[0; 256]; 6],
                 v6: [[0; 256]; 2],
             };
-            // IPv4 header at 8: total length at +2, identification at +4; UDP at 28: length
-            // at +4. IPv6 header at 8: payload length at +4; UDP at 48: length at +4.
-            let v4_at = [10, 11, 12, 13, 32, 33];
             for b in 0..=255u8 {
-                for (k, &at) in v4_at.iter().enumerate() {
-                    t.v4[k][usize::from(b)] = term(PSEUDO_V4, &[at], b);
-                }
-                t.v6[0][usize::from(b)] = term(PSEUDO_V6, &[12, 52], b);
-                t.v6[1][usize::from(b)] = term(PSEUDO_V6, &[13, 53], b);
+                let (hi, lo, i) = (u16::from(b) << 8, u16::from(b), usize::from(b));
+                t.v4[0][i] = hash(v4, hi, 0) ^ z4;
+                t.v4[1][i] = hash(v4, lo, 0) ^ z4;
+                t.v4[2][i] = hash(with_id(hi), 0, 0) ^ z4;
+                t.v4[3][i] = hash(with_id(lo), 0, 0) ^ z4;
+                t.v4[4][i] = hash(v4, 0, hi) ^ z4;
+                t.v4[5][i] = hash(v4, 0, lo) ^ z4;
+                t.v6[0][i] = hash(v6, hi, hi) ^ z6;
+                t.v6[1][i] = hash(v6, lo, lo) ^ z6;
             }
             t
         })
@@ -220,60 +259,11 @@ pub struct IcrcPrefix {
 impl IcrcPrefix {
     /// Compute the fixed part of `ctx`'s covered headers.
     pub fn new(ctx: IcrcContext) -> IcrcPrefix {
-        let mut h = [0xffu8; PSEUDO_V6];
-        let n = match ctx.ip {
-            IpHeader::V4 {
-                src,
-                dst,
-                dont_fragment,
-                ..
-            } => {
-                let ip = &mut h[8..28];
-                ip.fill(0);
-                ip[0] = 0x45;
-                ip[1] = 0xff; // TOS
-                if dont_fragment {
-                    ip[6] = 0x40;
-                }
-                ip[8] = 0xff; // TTL
-                ip[9] = 17;
-                ip[10] = 0xff; // header checksum
-                ip[11] = 0xff;
-                ip[12..16].copy_from_slice(&src.octets());
-                ip[16..20].copy_from_slice(&dst.octets());
-                Self::udp(&mut h[28..36], &ctx);
-                PSEUDO_V4
-            }
-            IpHeader::V6 { src, dst } => {
-                let ip = &mut h[8..48];
-                ip.fill(0);
-                // Version 6; traffic class, flow label and hop limit are ones.
-                ip[0] = 0x6f;
-                ip[1] = 0xff;
-                ip[2] = 0xff;
-                ip[3] = 0xff;
-                ip[6] = 17;
-                ip[7] = 0xff;
-                ip[8..24].copy_from_slice(&src.octets());
-                ip[24..40].copy_from_slice(&dst.octets());
-                Self::udp(&mut h[48..56], &ctx);
-                PSEUDO_V6
-            }
-        };
+        let (h, n) = IcrcPrefix { ctx, base: 0 }.with_id(0).ctx.covered(0, 0);
         IcrcPrefix {
             ctx,
             base: crc32fast::hash(&h[..n]),
         }
-    }
-
-    /// The masked UDP header with its length zero.
-    fn udp(u: &mut [u8], ctx: &IcrcContext) {
-        u[0..2].copy_from_slice(&ctx.src_port.to_be_bytes());
-        u[2..4].copy_from_slice(&ctx.dst_port.to_be_bytes());
-        u[4] = 0;
-        u[5] = 0;
-        u[6] = 0xff; // checksum
-        u[7] = 0xff;
     }
 
     /// The context.
@@ -292,56 +282,24 @@ impl IcrcPrefix {
 
     /// CRC-32 state after the covered headers of a packet with a body of `body_len` bytes.
     fn state(&self, body_len: usize) -> Result<u32> {
-        let udp_len = 8 + body_len + ICRC_LEN;
-        let udp = u16::try_from(udp_len).map_err(|_| Error::FieldRange("UDP length"))?;
+        let (ip_len, udp_len) = self.ctx.lengths(body_len)?;
         let t = LenTables::get();
-        let [uh, ul] = udp.to_be_bytes();
+        let [ph, pl] = ip_len.to_be_bytes();
+        let [uh, ul] = udp_len.to_be_bytes();
+        let at = |table: &[u32; 256], b: u8| table[usize::from(b)];
         Ok(match self.ctx.ip {
             IpHeader::V4 { id, .. } => {
-                let total =
-                    u16::try_from(20 + udp_len).map_err(|_| Error::FieldRange("IP length"))?;
-                let [th, tl] = total.to_be_bytes();
                 let [ih, il] = id.to_be_bytes();
                 self.base
-                    ^ t.v4[0][usize::from(th)]
-                    ^ t.v4[1][usize::from(tl)]
-                    ^ t.v4[2][usize::from(ih)]
-                    ^ t.v4[3][usize::from(il)]
-                    ^ t.v4[4][usize::from(uh)]
-                    ^ t.v4[5][usize::from(ul)]
+                    ^ at(&t.v4[0], ph)
+                    ^ at(&t.v4[1], pl)
+                    ^ at(&t.v4[2], ih)
+                    ^ at(&t.v4[3], il)
+                    ^ at(&t.v4[4], uh)
+                    ^ at(&t.v4[5], ul)
             }
-            IpHeader::V6 { .. } => self.base ^ t.v6[0][usize::from(uh)] ^ t.v6[1][usize::from(ul)],
+            IpHeader::V6 { .. } => self.base ^ at(&t.v6[0], uh) ^ at(&t.v6[1], ul),
         })
-    }
-
-    /// [`IcrcContext::compute_with`], from the precomputed headers.
-    pub fn compute_with(
-        &self,
-        head: &[u8],
-        body_len: usize,
-        rest: impl FnOnce(&mut crc32fast::Hasher),
-    ) -> Result<u32> {
-        const BTH: usize = 12;
-        if head.len() < BTH {
-            return Err(Error::Truncated {
-                what: "BTH",
-                need: BTH,
-                have: head.len(),
-            });
-        }
-        let mut h = crc32fast::Hasher::new_with_initial(self.state(body_len)?);
-        let mut bth = [0u8; BTH];
-        bth.copy_from_slice(&head[..BTH]);
-        bth[4] = 0xff;
-        h.update(&bth);
-        h.update(&head[BTH..]);
-        rest(&mut h);
-        Ok(h.finalize())
-    }
-
-    /// [`IcrcContext::compute`], from the precomputed headers.
-    pub fn compute(&self, body: &[u8]) -> Result<u32> {
-        self.compute_with(body, body.len(), |_| {})
     }
 }
 
@@ -352,14 +310,14 @@ impl Icrc for IcrcPrefix {
         body_len: usize,
         rest: impl FnOnce(&mut crc32fast::Hasher),
     ) -> Result<u32> {
-        IcrcPrefix::compute_with(self, head, body_len, rest)
+        let state = self.state(body_len)?;
+        finish(crc32fast::Hasher::new_with_initial(state), head, rest)
     }
 }
 
 /// The ICRC of a captured packet from its real IP header (v4 with options, or v6), its UDP
 /// header and the UDP payload without the trailing ICRC.
 pub fn compute_from_headers(ip: &[u8], udp: &[u8], body: &[u8]) -> Result<u32> {
-    let mut u = [0u8; 8];
     if udp.len() < 8 {
         return Err(Error::Truncated {
             what: "UDP header",
@@ -367,15 +325,21 @@ pub fn compute_from_headers(ip: &[u8], udp: &[u8], body: &[u8]) -> Result<u32> {
             have: udp.len(),
         });
     }
-    u.copy_from_slice(&udp[..8]);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
     match ip.first().map(|b| b >> 4) {
         Some(4) => {
             let (buf, len) = mask_ipv4(ip)?;
-            crc(&buf[..len], &mut u, body, |_| {})
+            h.update(&buf[..len]);
         }
-        Some(6) => crc(&mask_ipv6(ip)?, &mut u, body, |_| {}),
-        _ => Err(Error::BadIpHeader("not IPv4 or IPv6")),
+        Some(6) => h.update(&mask_ipv6(ip)?),
+        _ => return Err(Error::BadIpHeader("not IPv4 or IPv6")),
     }
+    let mut u = [0u8; 8];
+    u.copy_from_slice(&udp[..8]);
+    mask_udp_fields(&mut u);
+    h.update(&u);
+    finish(h, body, |_| {})
 }
 
 /// How the ICRC of an IPv4 packet (without options) changes with its identification field.
@@ -504,11 +468,16 @@ fn mask_ipv4(ip: &[u8]) -> Result<([u8; 60], usize)> {
     }
     let mut m = [0u8; 60];
     m[..ihl].copy_from_slice(&ip[..ihl]);
-    m[1] = 0xff; // TOS
-    m[8] = 0xff; // TTL
-    m[10] = 0xff; // header checksum
-    m[11] = 0xff;
+    mask_ipv4_fields(&mut m);
     Ok((m, ihl))
+}
+
+/// Set the IPv4 fields the ICRC does not cover to ones: TOS, TTL, header checksum.
+fn mask_ipv4_fields(ip: &mut [u8]) {
+    ip[1] = 0xff;
+    ip[8] = 0xff;
+    ip[10] = 0xff;
+    ip[11] = 0xff;
 }
 
 fn mask_ipv6(ip: &[u8]) -> Result<[u8; 40]> {
@@ -521,44 +490,45 @@ fn mask_ipv6(ip: &[u8]) -> Result<[u8; 40]> {
     }
     let mut m = [0u8; 40];
     m.copy_from_slice(&ip[..40]);
-    m[0] |= 0x0f; // traffic class (high nibble) ...
-    m[1] = 0xff; // ... traffic class (low nibble) and flow label
-    m[2] = 0xff;
-    m[3] = 0xff;
-    m[7] = 0xff; // hop limit
+    mask_ipv6_fields(&mut m);
     Ok(m)
 }
 
-fn crc(
-    ip_masked: &[u8],
-    udp: &mut [u8; 8],
-    body: &[u8],
+/// Set the IPv6 fields the ICRC does not cover to ones: traffic class, flow label, hop limit.
+fn mask_ipv6_fields(ip: &mut [u8]) {
+    ip[0] |= 0x0f;
+    ip[1] = 0xff;
+    ip[2] = 0xff;
+    ip[3] = 0xff;
+    ip[7] = 0xff;
+}
+
+/// Set the UDP checksum, which the ICRC does not cover, to ones.
+fn mask_udp_fields(udp: &mut [u8]) {
+    udp[6] = 0xff;
+    udp[7] = 0xff;
+}
+
+/// Finish an ICRC whose hasher has taken the covered headers ahead of the BTH: the BTH with
+/// byte 4 (FECN, BECN, reserved) set to ones, the rest of `head`, then what `rest` feeds.
+fn finish(
+    mut h: crc32fast::Hasher,
+    head: &[u8],
     rest: impl FnOnce(&mut crc32fast::Hasher),
 ) -> Result<u32> {
     const BTH: usize = 12;
-    if body.len() < BTH {
+    if head.len() < BTH {
         return Err(Error::Truncated {
             what: "BTH",
             need: BTH,
-            have: body.len(),
+            have: head.len(),
         });
     }
-    udp[6] = 0xff;
-    udp[7] = 0xff;
-    // The covered headers go to the hasher as one piece (the masked LRH stand-in, IP, UDP and
-    // BTH: at most 8 + 60 + 8 + 12 bytes), which is cheaper than four small updates.
-    let mut head = [0xffu8; 8 + 60 + 8 + BTH];
-    let mut at = 8;
-    head[at..at + ip_masked.len()].copy_from_slice(ip_masked);
-    at += ip_masked.len();
-    head[at..at + 8].copy_from_slice(udp);
-    at += 8;
-    head[at..at + BTH].copy_from_slice(&body[..BTH]);
-    head[at + 4] = 0xff;
-    at += BTH;
-    let mut h = crc32fast::Hasher::new();
-    h.update(&head[..at]);
-    h.update(&body[BTH..]);
+    let mut bth = [0u8; BTH];
+    bth.copy_from_slice(&head[..BTH]);
+    bth[4] = 0xff;
+    h.update(&bth);
+    h.update(&head[BTH..]);
     rest(&mut h);
     Ok(h.finalize())
 }

@@ -7,22 +7,19 @@
 //! - the requester again: the ACK, and the completion.
 //!
 //! Compared in the same run with what it rides on: the 8-byte critical path (request built,
-//! then handled) against one raw UDP one-way trip on loopback (a busy-polling ping-pong of
-//! `sendmmsg`/`recvmmsg`, half the median round trip), and the 64 KiB message against a
-//! `memcpy` of 64 KiB.
+//! then handled) against one raw UDP one-way trip on loopback (`softrdma baseline lat`: a
+//! busy-polling ping-pong of `sendmmsg`/`recvmmsg`, half the median round trip), and the
+//! 64 KiB message against a `memcpy` of 64 KiB.
 //!
-//! Run: `cargo bench -p softrdma --bench rc`
+//! Run: `cargo bench -p softrdma-cli --bench rc`
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use softrdma::mem::{Access, MemConfig, MemSource, MemoryTable, MrInfo, PinMode};
-use softrdma::net::udp::MAX_DATAGRAM;
-use softrdma::net::{PortOptions, RxBatch, TxBatch, UdpPort};
 use softrdma::rc::{
-    Gather, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, RecvWr, SendFlags, SendWr, Sge,
-    WcStatus, WrOpcode,
+    Gather, Mtu, Qp, QpAttr, QpCap, QpInit, RecvWr, SendFlags, SendWr, Sge, WcStatus, WrOpcode,
 };
 use softrdma::wire::{IcrcContext, IcrcPrefix, Packet};
 
@@ -35,9 +32,7 @@ fn port(qpn: u32) -> u16 {
 }
 
 fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32) {
-    use QpAttrMask as M;
-    let attr = QpAttr {
-        qp_state: QpState::Init,
+    q.connect(&QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         av: Some(IcrcContext::v4(local, remote, port(q.qp_num()))),
         path_mtu: Mtu::Mtu4096,
@@ -51,32 +46,7 @@ fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32) {
         min_rnr_timer: 1,
         dest_qp_num: dest,
         ..QpAttr::default()
-    };
-    q.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
-    q.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ..attr
-        },
-        rtr,
-    )
-    .unwrap();
-    let rts = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC;
-    q.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            ..attr
-        },
-        rts,
-    )
+    })
     .unwrap();
 }
 
@@ -311,56 +281,6 @@ fn parts(op: Op, per: usize) -> [Duration; 3] {
     out
 }
 
-/// Half the median round trip of an 8-byte busy-polling UDP ping-pong on loopback.
-fn udp_one_way(iters: usize) -> Duration {
-    let open = |a: &str| {
-        UdpPort::bind(
-            a.parse().unwrap(),
-            PortOptions {
-                buffer_bytes: 8 << 20,
-                gro: true,
-                nonblocking: true,
-            },
-        )
-        .unwrap()
-    };
-    let (a, b) = (open("127.0.0.1:0"), open("127.0.0.2:0"));
-    let (aa, ba) = (a.local_addr(), b.local_addr());
-    let echo = std::thread::spawn(move || {
-        let mut rx = RxBatch::new(4, MAX_DATAGRAM);
-        let mut tx = TxBatch::new(1, MAX_DATAGRAM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut n = 0;
-        while n < iters && Instant::now() < deadline {
-            if let Ok(k) = b.recv(&mut rx) {
-                for j in 0..k {
-                    if let Some(d) = rx.get(j) {
-                        tx.push(aa, d.data, 0);
-                        n += 1;
-                    }
-                }
-                let _ = b.send(&mut tx);
-            }
-        }
-    });
-    let mut rx = RxBatch::new(4, MAX_DATAGRAM);
-    let mut tx = TxBatch::new(1, MAX_DATAGRAM);
-    let mut rtts = Vec::with_capacity(iters);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for _ in 0..iters {
-        let t = Instant::now();
-        tx.push(ba, &[1u8; 8], 0);
-        a.send(&mut tx).unwrap();
-        while !matches!(a.recv(&mut rx), Ok(k) if k > 0) {
-            assert!(Instant::now() < deadline, "UDP ping-pong timed out");
-        }
-        rtts.push(t.elapsed());
-    }
-    echo.join().unwrap();
-    rtts.sort();
-    rtts[rtts.len() / 2] / 2
-}
-
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -390,7 +310,13 @@ fn main() {
         );
         results.push((name, r, s, c));
     }
-    let udp = udp_one_way(20_000);
+    // The raw UDP baseline of `softrdma baseline lat`: half the median round trip.
+    let udp = Duration::from_secs_f64(
+        softrdma_cli::baseline::lat(8, 20_000)
+            .expect("raw UDP ping-pong")
+            .median
+            / 1e6,
+    );
     let src = vec![3u8; 65536];
     let mut dst = vec![0u8; 65536];
     let copy = median(21, 2_000, || {
