@@ -718,3 +718,48 @@ fn watcher_child_body() {
         Err(AccessError::Invalidated(m.rkey))
     );
 }
+
+/// Accesses racing moves of a followed region reach it before or after each move, or are told
+/// to retry (`Suspended`, which the transport answers with RNR NAK); never a fault. A copy
+/// that faults on the moved-away memory finds the move's event still unread: the watcher
+/// cannot apply it while the faulting access holds the region.
+#[test]
+fn accesses_racing_followed_moves_never_fault() {
+    let _s = serial();
+    let (t, pd, c) = setup(WatchMode::On);
+    let t = Arc::new(t);
+    let len = 4 * page_size();
+    let mut a = map(len);
+    let m = t
+        .reg_mr(pd, raw(a, len).remap_policy(RemapPolicy::Follow), RW, None)
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (t2, stop2) = (Arc::clone(&t), Arc::clone(&stop));
+    let hammer = std::thread::spawn(move || {
+        let (mut ok, mut retry) = (0u64, 0u64);
+        while !stop2.load(Ordering::Relaxed) {
+            match t2.write(c, m.rkey, m.iova + 64, &[7; 64], RW) {
+                Ok(()) => ok += 1,
+                Err(AccessError::Suspended(_)) => retry += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((ok, retry))
+    });
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut moves = 0u64;
+    while moves < 200 && Instant::now() < deadline && !hammer.is_finished() {
+        a = remap(a, len);
+        moves += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let r = hammer.join().unwrap();
+    println!("{moves} moves; hammer: {r:?}");
+    let (ok, _retry) = r.expect("no access faults while its region moves");
+    assert!(ok > 0);
+    assert_eq!(t.stats().remaps_followed, moves);
+    assert!(t.take_invalidations().is_empty());
+    assert_eq!(t.query_mr(m.lkey).unwrap().addr, a);
+    t.dereg_mr(m.lkey).unwrap();
+    unmap(a, len);
+}

@@ -36,37 +36,45 @@ impl MemoryTable {
         f: impl FnOnce(*mut u8, CopyMode) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
         let mode = |st: &MrState| self.copy_mode(st);
+        // A fault while the watcher has an unread event, or gets one within a few
+        // milliseconds, is the window between a move or unmap and the watcher's reaction:
+        // report the region as changing, not faulted, so the transport answers RNR NAK and the
+        // retry meets the region followed or invalidated. The check runs while the region's
+        // state is still read-locked: the watcher write-locks every watched region before it
+        // reads events, so the event that explains this fault cannot have been consumed
+        // (and applied) between the fault and the check.
+        let classify = |r: Result<R, AccessError>| match r {
+            Err(AccessError::Fault(_)) if self.coherence.event_pending() => {
+                (Err(AccessError::Suspended(key)), false)
+            }
+            r => {
+                let faulted = matches!(r, Err(AccessError::Fault(_)));
+                (r, faulted)
+            }
+        };
         let g = read(self.slot(key)?);
         // The region to blame when the copy faults (rare: only then is its `Arc` cloned).
         let (r, faulted) = match &*g {
             Entry::Mr { key: k, mr } if *k == key => {
                 let st = read(&mr.state);
-                let r = f(st.resolve(key, ctx, iova, len, need)?, mode(&st));
-                let blame = matches!(r, Err(AccessError::Fault(_))).then(|| (key, Arc::clone(mr)));
-                (r, blame)
+                let (r, faulted) = classify(f(st.resolve(key, ctx, iova, len, need)?, mode(&st)));
+                drop(st);
+                (r, faulted.then(|| (key, Arc::clone(mr))))
             }
             Entry::Mw(mw) if mw.key == key => {
-                let r = mw.access(ctx, iova, len, need, |p, st| f(p, mode(st)));
-                let blame = match (&r, &mw.binding) {
-                    (Err(AccessError::Fault(_)), Some(b)) => {
-                        Some((b.parent_key, Arc::clone(&b.parent)))
-                    }
+                let mut faulted = false;
+                let r = mw.access(ctx, iova, len, need, |p, st| {
+                    let (r, fault) = classify(f(p, mode(st)));
+                    faulted = fault;
+                    r
+                });
+                let blame = match &mw.binding {
+                    Some(b) if faulted => Some((b.parent_key, Arc::clone(&b.parent))),
                     _ => None,
                 };
                 (r, blame)
             }
             _ => return Err(AccessError::InvalidKey(key)),
-        };
-        // A fault while the watcher has an unread event, or gets one within a few
-        // milliseconds (checked with the guard still held, so the event cannot have been
-        // applied yet), is the window between a move or unmap and the watcher's reaction:
-        // report the region as changing, not faulted, so the transport answers RNR NAK and the
-        // retry meets the region followed or invalidated.
-        let (r, faulted) = match (&r, faulted) {
-            (Err(AccessError::Fault(_)), Some(_)) if self.coherence.event_pending() => {
-                (Err(AccessError::Suspended(key)), None)
-            }
-            (_, faulted) => (r, faulted),
         };
         drop(g);
         if let Some((lkey, mr)) = faulted {
