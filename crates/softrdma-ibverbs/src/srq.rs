@@ -17,6 +17,8 @@ use crate::registry::{self, Kind};
 pub const IBV_SRQ_MAX_WR: c_int = 1;
 /// `IBV_SRQ_LIMIT`.
 pub const IBV_SRQ_LIMIT: c_int = 2;
+/// `IBV_EVENT_SRQ_LIMIT_REACHED`.
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
 
 /// A shared receive queue: the C struct first, then ours.
 #[repr(C)]
@@ -27,7 +29,7 @@ pub struct Srq {
     pub shared: Arc<Shared>,
     /// The engine's SRQ.
     pub vsrq: verbs::Srq,
-    /// Its attributes (`srq_limit` is recorded; no limit event is raised).
+    /// Its sizes (`srq_limit` is read from the engine's SRQ, where it is armed).
     attr: std::sync::Mutex<ibv_srq_attr>,
     /// QPs using it (a SRQ in use cannot be destroyed: EBUSY).
     pub users: AtomicU32,
@@ -78,6 +80,8 @@ pub unsafe extern "C" fn ibv_create_srq(
             return Err(libc::EINVAL);
         }
         let vsrq = p.vpd.create_srq(wr, sge).map_err(|e| e.errno())?;
+        // As rxe: a limit given at creation is armed (above max_wr: EINVAL).
+        vsrq.arm_limit(a.attr.srq_limit).map_err(|e| e.errno())?;
         let granted = ibv_srq_attr {
             max_wr: wr,
             max_sge: sge,
@@ -99,6 +103,21 @@ pub unsafe extern "C" fn ibv_create_srq(
             users: AtomicU32::new(0),
         }))
         .cast::<ibv_srq>();
+        // The limit event goes to the context's async fd, naming this SRQ. The hook holds the
+        // context weakly and is removed by `ibv_destroy_srq` before the SRQ is freed.
+        // SAFETY: `s` was just allocated; nothing else has it yet.
+        let me = unsafe { &*s.cast::<Srq>() };
+        let (shared, ptr) = (Arc::downgrade(&me.shared), s as usize);
+        me.vsrq.on_limit_reached(move |_| {
+            if let Some(shared) = shared.upgrade() {
+                shared.async_event(ibv_async_event {
+                    element: ibv_async_event_element {
+                        srq: ptr as *mut ibv_srq,
+                    },
+                    event_type: IBV_EVENT_SRQ_LIMIT_REACHED,
+                });
+            }
+        });
         p.hold();
         // SAFETY: writable per the contract.
         unsafe { (*attr).attr = granted };
@@ -107,8 +126,10 @@ pub unsafe extern "C" fn ibv_create_srq(
     })
 }
 
-/// `ibv_modify_srq`: `IBV_SRQ_LIMIT` is recorded (0 or EINVAL); resizing (`IBV_SRQ_MAX_WR`)
-/// is EOPNOTSUPP.
+/// `ibv_modify_srq`: `IBV_SRQ_LIMIT` arms the limit (0 disarms; above `max_wr`: EINVAL): when
+/// a message takes a receive that leaves fewer than `srq_limit` posted, the context's async fd
+/// reports `IBV_EVENT_SRQ_LIMIT_REACHED` once and the limit disarms (as rxe). Resizing
+/// (`IBV_SRQ_MAX_WR`) is EOPNOTSUPP.
 ///
 /// # Safety
 /// `attr` is NULL or readable.
@@ -129,11 +150,7 @@ pub unsafe extern "C" fn ibv_modify_srq(
         // SAFETY: non-NULL and readable per the contract.
         let a = unsafe { attr.read() };
         if mask & IBV_SRQ_LIMIT != 0 {
-            let mut g = s.attr();
-            if a.srq_limit > g.max_wr {
-                return Err(libc::EINVAL);
-            }
-            g.srq_limit = a.srq_limit;
+            s.vsrq.arm_limit(a.srq_limit).map_err(|e| e.errno())?;
         }
         Ok(())
     })
@@ -150,7 +167,8 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
-        let a = *s.attr();
+        let mut a = *s.attr();
+        a.srq_limit = s.vsrq.limit();
         // SAFETY: non-NULL and writable per the contract.
         unsafe { attr.write(a) };
         Ok(())
@@ -172,6 +190,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             registry::insert(srq, Kind::Srq);
             return Err(libc::EBUSY);
         }
+        s.vsrq.clear_limit_hook();
         // SAFETY: the PD cannot be deallocated while this SRQ counts against it.
         unsafe { (*s.srq.pd.cast::<Pd>()).release() };
         // SAFETY: claimed above; it came from Box::into_raw.

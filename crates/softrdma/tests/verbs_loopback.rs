@@ -685,3 +685,67 @@ fn zero_copy_requests_place_every_byte() {
     drop(raw);
     drop(raw_mem);
 }
+
+/// The SRQ limit (`IBV_SRQ_LIMIT`): it fires once, when a SEND takes a receive that leaves
+/// fewer than the limit posted; it then reads 0 until armed again; a limit above `max_wr` is
+/// refused and changes nothing.
+#[test]
+fn srq_limit_fires_once_when_receives_run_low() {
+    let a = side([127, 0, 0, 1], 24802, PollMode::Blocking);
+    let mut b = side([127, 0, 0, 2], 24802, PollMode::Blocking);
+    let srq = b.pd.create_srq(8, 1).unwrap();
+    let mut attr = QpInitAttr::new(&b.cq);
+    attr.srq = Some(srq.clone());
+    b.qp = b.pd.create_qp(&attr).unwrap();
+    connect(&a, &b);
+    let src = a.pd.reg_buffer(vec![9u8; 64], Access::LOCAL_WRITE).unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; 64 * 8], Access::LOCAL_WRITE)
+            .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    srq.on_limit_reached(move |id| {
+        let _ = tx.send(id);
+    });
+    let post = |n: u64| {
+        for i in 0..n {
+            let sge = [dst.sge(i * 64, 64)];
+            srq.post_recv(&RecvWr {
+                wr_id: 100 + i,
+                sg_list: &sge,
+            })
+            .unwrap();
+        }
+    };
+    let send = |i: u64| {
+        let sge = [src.sge(0, 64)];
+        a.qp.post_send(
+            &SendWr::new(i, WrOpcode::Send)
+                .sg(&sge)
+                .flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+        assert_eq!(one(&b.cq).status, WcStatus::Success);
+    };
+    assert!(srq.arm_limit(9).is_err(), "above max_wr");
+    assert_eq!(srq.limit(), 0);
+    post(5);
+    srq.arm_limit(3).unwrap();
+    assert_eq!(srq.limit(), 3);
+    // 5 -> 4 -> 3: not below the limit yet.
+    send(1);
+    send(2);
+    assert_eq!(srq.limit_events(), 0);
+    assert!(rx.try_recv().is_err());
+    // 3 -> 2: fires, once, and disarms.
+    send(3);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(srq.id()));
+    assert_eq!((srq.limit(), srq.limit_events()), (0, 1));
+    send(4);
+    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+    // Armed again with one receive left: the next SEND fires it.
+    srq.arm_limit(1).unwrap();
+    send(5);
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(srq.id()));
+    assert_eq!((srq.limit(), srq.limit_events(), srq.len()), (0, 2, 0));
+}

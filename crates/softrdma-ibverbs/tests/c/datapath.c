@@ -193,6 +193,50 @@ int main(void)
 	CHECK(ibv_post_send(a.qp, &w3, &bad) == 0, "post cas");
 	CHECK(poll1(a.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP && *orig == 42 && *target == 7, "cas");
 
+	/* An SRQ limit: armed at 3 with 4 receives posted, the second SEND into the SRQ leaves 2
+	 * and reports IBV_EVENT_SRQ_LIMIT_REACHED once on the async fd; the limit then reads 0. */
+	struct ibv_srq_init_attr lsia = { .attr = { .max_wr = 8, .max_sge = 1 } };
+	struct ibv_srq *lsrq = ibv_create_srq(b.pd, &lsia);
+	CHECK(lsrq != NULL, "create limit srq");
+	struct side a2 = a, b2 = b;
+	struct ibv_qp_init_attr qa2 = { .send_cq = a.cq, .recv_cq = a.cq, .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2 } };
+	a2.qp = ibv_create_qp(a.pd, &qa2);
+	struct ibv_qp_init_attr qb2 = { .send_cq = b.cq, .recv_cq = b.cq, .srq = lsrq, .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 16, .max_send_sge = 2 } };
+	b2.qp = ibv_create_qp(b.pd, &qb2);
+	CHECK(a2.qp && b2.qp && connect_qp(&a2, &b2) == 0 && connect_qp(&b2, &a2) == 0, "srq qp pair");
+	for (int i = 0; lsrq && i < 4; i++) {
+		struct ibv_sge s4 = { .addr = (uintptr_t)b.buf + 4096 + 64 * i, .length = 64, .lkey = b.mr->lkey };
+		struct ibv_recv_wr r4 = { .wr_id = 40 + i, .sg_list = &s4, .num_sge = 1 };
+		CHECK(ibv_post_srq_recv(lsrq, &r4, &rbad) == 0, "post_srq_recv %d", i);
+	}
+	struct ibv_srq_attr la = { .srq_limit = 9 };
+	CHECK(lsrq && ibv_modify_srq(lsrq, &la, IBV_SRQ_LIMIT) == EINVAL, "limit above max_wr");
+	la.srq_limit = 3;
+	CHECK(lsrq && ibv_modify_srq(lsrq, &la, IBV_SRQ_LIMIT) == 0, "arm limit");
+	CHECK(lsrq && ibv_query_srq(lsrq, &la) == 0 && la.srq_limit == 3 && la.max_wr == 8, "query armed limit %u", la.srq_limit);
+	pfd.fd = b.ctx->async_fd;
+	for (int i = 0; a2.qp && b2.qp && i < 2; i++) {
+		if (i == 1)
+			CHECK(poll(&pfd, 1, 0) == 0, "no event at 3 receives left");
+		struct ibv_send_wr s5 = { .wr_id = 50 + i, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad5 = NULL;
+		CHECK(ibv_post_send(a2.qp, &s5, &bad5) == 0, "post send into srq");
+		CHECK(poll1(a.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 50 + i, "srq send wc %d", wc.status);
+		CHECK(poll1(b.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 40 + i && wc.qp_num == b2.qp->qp_num,
+		      "srq recv wc %d", wc.status);
+	}
+	struct ibv_async_event lev;
+	CHECK(poll(&pfd, 1, 5000) == 1 && ibv_get_async_event(b.ctx, &lev) == 0 &&
+	      lev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && lev.element.srq == lsrq, "SRQ_LIMIT_REACHED event");
+	ibv_ack_async_event(&lev);
+	CHECK(poll(&pfd, 1, 0) == 0, "the limit event comes once");
+	CHECK(lsrq && ibv_query_srq(lsrq, &la) == 0 && la.srq_limit == 0, "limit disarmed %u", la.srq_limit);
+	CHECK(ibv_destroy_srq(lsrq) == EBUSY, "destroy srq in use");
+	CHECK(ibv_destroy_qp(b2.qp) == 0 && ibv_destroy_qp(a2.qp) == 0, "destroy srq qp pair");
+	CHECK(ibv_destroy_srq(lsrq) == 0, "destroy limit srq");
+
 	/* A bad lkey: the post succeeds, the request completes with IBV_WC_LOC_PROT_ERR (as rxe),
 	 * the QP goes to the error state and IBV_EVENT_QP_FATAL is reported. */
 	struct ibv_sge badsge = { .addr = (uintptr_t)a.buf, .length = 16, .lkey = a.mr->lkey ^ 0x5a5a00 };

@@ -115,11 +115,50 @@ impl HeldAck {
     }
 }
 
+/// Called when an SRQ's limit event fires, with the SRQ's id.
+pub type SrqLimitHook = Arc<dyn Fn(u32) + Send + Sync>;
+
 /// A shared receive queue with its lock.
-#[derive(Debug)]
 pub struct SrqCore {
     /// The queue.
     pub srq: Mutex<Srq>,
+    /// Told when the SRQ's limit event fires (see [`Srq::arm_limit`]).
+    pub limit_hook: Mutex<Option<SrqLimitHook>>,
+    /// Limit events fired.
+    pub limit_events: AtomicU64,
+}
+
+impl std::fmt::Debug for SrqCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SrqCore")
+            .field("srq", &self.srq)
+            .field("limit_events", &self.limit_events)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SrqCore {
+    /// A core around `srq`, with no hook.
+    pub fn new(srq: Srq) -> SrqCore {
+        SrqCore {
+            srq: Mutex::new(srq),
+            limit_hook: Mutex::new(None),
+            limit_events: AtomicU64::new(0),
+        }
+    }
+
+    /// Report a fired limit: count it and call the hook (with no SRQ lock held).
+    fn limit_reached(&self, id: u32) {
+        self.limit_events.fetch_add(1, Ordering::Relaxed);
+        let hook = self
+            .limit_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(h) = hook {
+            h(id);
+        }
+    }
 }
 
 /// A QP as the engine holds it.
@@ -801,6 +840,11 @@ impl Engine {
             Some(s) => {
                 let mut srq = s.srq.lock().unwrap_or_else(|e| e.into_inner());
                 body.qp.handle_packet(now, pkt, &*self.mem, Some(&mut srq));
+                let fired = srq.take_limit_event().then(|| srq.id());
+                drop(srq);
+                if let Some(id) = fired {
+                    s.limit_reached(id);
+                }
             }
             None => body.qp.handle_packet(now, pkt, &*self.mem, None),
         }

@@ -273,7 +273,7 @@ impl RecvSide {
     fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
         match (self.srq_id, srq) {
             (None, _) => self.rq.pop(),
-            (Some(id), Some(s)) if s.id() == id => s.queue().pop(),
+            (Some(id), Some(s)) if s.id() == id => s.take(),
             _ => None,
         }
     }
@@ -281,7 +281,7 @@ impl RecvSide {
     fn give_back(&mut self, w: RecvWqe, srq: Option<&mut Srq>) {
         match (self.srq_id, srq) {
             (None, _) => self.rq.unpop(w),
-            (Some(_), Some(s)) => s.queue().unpop(w),
+            (Some(_), Some(s)) => s.give_back(w),
             _ => {}
         }
     }

@@ -73,10 +73,16 @@ impl RecvQueue {
 
 /// A shared receive queue (`ibv_srq`). The caller owns it and lends it to the QPs created
 /// with its id on each [`crate::rc::Qp::handle_packet`]; a QP ignores an SRQ with another id.
+///
+/// An armed limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`) fires once: when a receive taken
+/// from the SRQ leaves fewer than `limit` posted, the limit disarms and
+/// [`Srq::take_limit_event`] reports it (the SRQ limit event).
 #[derive(Debug)]
 pub struct Srq {
     id: u32,
     rq: RecvQueue,
+    limit: usize,
+    limit_reached: bool,
 }
 
 impl Srq {
@@ -85,6 +91,8 @@ impl Srq {
         Srq {
             id,
             rq: RecvQueue::new(max_wr, max_sge.min(super::MAX_SGE)),
+            limit: 0,
+            limit_reached: false,
         }
     }
     /// The id QPs refer to.
@@ -103,7 +111,38 @@ impl Srq {
     pub fn is_empty(&self) -> bool {
         self.rq.is_empty()
     }
-    pub(crate) fn queue(&mut self) -> &mut RecvQueue {
-        &mut self.rq
+    /// Most WQEs it holds.
+    pub fn max_wr(&self) -> usize {
+        self.rq.max_wr
+    }
+    /// Arm the limit (0 disarms). The event fires when a receive taken later leaves fewer
+    /// than `limit` posted, as in rxe; a limit above `max_wr` is refused (EINVAL).
+    pub fn arm_limit(&mut self, limit: usize) -> Result<(), PostError> {
+        if limit > self.rq.max_wr {
+            return Err(PostError::InvalidArgument("SRQ limit above max_wr"));
+        }
+        self.limit = limit;
+        Ok(())
+    }
+    /// The armed limit (0: none; it drops to 0 when the event fires).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+    /// True once after the limit fired.
+    pub fn take_limit_event(&mut self) -> bool {
+        std::mem::take(&mut self.limit_reached)
+    }
+    /// Take the oldest receive for a message (the responder), firing an armed limit.
+    pub(crate) fn take(&mut self) -> Option<RecvWqe> {
+        let w = self.rq.pop()?;
+        if self.limit > 0 && self.rq.len() < self.limit {
+            self.limit = 0;
+            self.limit_reached = true;
+        }
+        Some(w)
+    }
+    /// Give a receive back to the head (its message could not start after all).
+    pub(crate) fn give_back(&mut self, w: RecvWqe) {
+        self.rq.unpop(w);
     }
 }
