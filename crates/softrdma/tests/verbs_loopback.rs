@@ -749,3 +749,90 @@ fn srq_limit_fires_once_when_receives_run_low() {
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(srq.id()));
     assert_eq!((srq.limit(), srq.limit_events(), srq.len()), (0, 2, 0));
 }
+
+/// In busy-poll mode a thread that arms its CQ and sleeps on the completion channel hands the
+/// receive path to the engine thread at once: an event-driven ping-pong (both sides arm, poll
+/// once more, then wait for the event, as `ibv_rc_pingpong -e` does) is not stalled until the
+/// engine thread notices that pollers went quiet, 4-5 ms later per message.
+#[test]
+fn busy_poll_event_driven_pingpong_is_not_stalled() {
+    fn chan_side(ip: [u8; 4]) -> (Device, Pd, CompChannel, Cq, Qp) {
+        let mut cfg = DeviceConfig::new(IpAddr::from(ip));
+        cfg.port = 24803;
+        cfg.mode = PollMode::BusyPoll;
+        cfg.pin_mode = PinMode::OnDemand;
+        let dev = Device::open(cfg).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let ch = dev.create_comp_channel().unwrap();
+        let cq = dev.create_cq(64, Some(&ch)).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(&cq)).unwrap();
+        (dev, pd, ch, cq, qp)
+    }
+    /// Wait for one receive completion the way an event-driven application does.
+    fn next_recv(ch: &CompChannel, cq: &Cq) -> WorkCompletion {
+        let mut wc = [EMPTY_WC; 4];
+        loop {
+            cq.req_notify(false);
+            let k = cq.poll(&mut wc);
+            if let Some(w) = wc[..k].iter().find(|w| w.is_recv()) {
+                return *w;
+            }
+            if k == 0 {
+                let ev = ch.get_event(Some(Duration::from_secs(10))).unwrap();
+                assert_eq!(ev, Some(cq.id()), "no event within 10 s");
+            }
+        }
+    }
+    const ROUNDS: u64 = 100;
+    let a = chan_side([127, 0, 0, 1]);
+    let b = chan_side([127, 0, 0, 2]);
+    let (pa, pb) = (random_psn(), random_psn());
+    let mut attr = QpAttr {
+        path_mtu: Mtu::Mtu1024,
+        qp_access_flags: Access::LOCAL_WRITE,
+        ..QpAttr::default()
+    };
+    attr.dest_qp_num = b.4.qp_num();
+    attr.sq_psn = pa;
+    attr.rq_psn = pb;
+    a.4.connect(b.0.addr(), &attr).unwrap();
+    attr.dest_qp_num = a.4.qp_num();
+    attr.sq_psn = pb;
+    attr.rq_psn = pa;
+    b.4.connect(a.0.addr(), &attr).unwrap();
+    let ponger = std::thread::spawn(move || {
+        let (_dev, pd, ch, cq, qp) = b;
+        let mr = pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+        let sge = [mr.sge(0, 64)];
+        for i in 0..ROUNDS {
+            qp.post_recv(&RecvWr {
+                wr_id: i,
+                sg_list: &sge,
+            })
+            .unwrap();
+            assert_eq!(next_recv(&ch, &cq).status, WcStatus::Success);
+            qp.post_send(&SendWr::new(i, WrOpcode::Send).sg(&sge))
+                .unwrap();
+        }
+    });
+    let (_dev, pd, ch, cq, qp) = a;
+    let mr = pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 64)];
+    let t0 = std::time::Instant::now();
+    for i in 0..ROUNDS {
+        qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &sge,
+        })
+        .unwrap();
+        qp.post_send(&SendWr::new(i, WrOpcode::Send).sg(&sge))
+            .unwrap();
+        assert_eq!(next_recv(&ch, &cq).status, WcStatus::Success);
+    }
+    let per = t0.elapsed() / ROUNDS as u32;
+    ponger.join().unwrap();
+    println!("{ROUNDS} event-driven round trips, {per:?} each");
+    // Waiting for the engine thread's takeover costs at least 4 ms per message, 8 per round
+    // trip; a wake-up chain of two threads per side costs well under a millisecond.
+    assert!(per < Duration::from_millis(3), "{per:?} per round trip");
+}

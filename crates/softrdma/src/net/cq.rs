@@ -190,4 +190,9 @@ impl CqCore {
     pub fn req_notify(&self) {
         self.armed.store(ARM_NEXT, Ordering::Release);
     }
+
+    /// True while armed (until a completion fires the channel).
+    pub fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire) != ARM_NONE
+    }
 }

@@ -258,6 +258,9 @@ pub struct Engine {
     waker: OwnedFd,
     /// When pollers last pushed `waker` back (engine clock).
     waker_armed: AtomicU64,
+    /// Wakes the engine thread at once (an eventfd): a poller is about to sleep until a
+    /// completion event (busy-poll mode), so the thread takes the receive path now.
+    kick: OwnedFd,
     /// When pollers next look at the transport timers (ns on the engine clock): the earliest
     /// deadline, or a rescan interval when none is pending.
     next_timer: AtomicU64,
@@ -321,6 +324,13 @@ impl Engine {
         }
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
         let waker = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: eventfd takes two integers and returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let kick = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Engine {
             port,
             local_ip,
@@ -344,6 +354,7 @@ impl Engine {
             last_poll: AtomicU64::new(0),
             waker,
             waker_armed: AtomicU64::new(0),
+            kick,
             next_timer: AtomicU64::new(0),
             counters: EngineCounters::default(),
         })
@@ -441,6 +452,24 @@ impl Engine {
             self.waker_armed.store(now, Ordering::Relaxed);
             self.wake_in(WAKER_DELAY);
         }
+    }
+
+    /// An application thread is about to sleep until a completion event (it armed a CQ):
+    /// in busy-poll mode nobody would receive meanwhile until the engine thread's wake-up
+    /// fires (milliseconds), so pollers count as quiet from now and the thread is woken to
+    /// take the receive path at once. A poll after this (of a CQ that is not armed) makes the
+    /// poller active again.
+    pub fn poller_sleeping(&self) {
+        if self.mode != PollMode::BusyPoll {
+            return;
+        }
+        self.last_poll.store(0, Ordering::Relaxed);
+        // The next active poll pushes the wake-up back at once.
+        self.waker_armed.store(0, Ordering::Relaxed);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter (never
+        // reached: the engine thread drains it) would only make this write fail.
+        let _ = unsafe { libc::write(self.kick.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
     /// (Re)arm the engine thread's wake-up to fire `ns` from now.
@@ -622,15 +651,24 @@ impl Engine {
     /// Receive and process what is queued on the socket, if no other thread is doing so.
     /// Returns the number of packets processed. Also runs due timers when `timers` is set.
     pub fn progress(&self, timers: bool) -> usize {
+        self.progress_as(timers, true)
+    }
+
+    /// [`Engine::progress`]; an `active` poller keeps the engine thread off the receive path
+    /// (busy-poll mode), one that is about to sleep until a completion event (its CQ is armed)
+    /// does not.
+    pub fn progress_as(&self, timers: bool, active: bool) -> usize {
         // The poller counts as active even when it finds the receive path taken: otherwise an
         // engine thread that stepped in while pollers were quiet would keep it (and compete
         // with spinning pollers for the cores) for as long as they keep finding it taken.
         let now = self.now();
-        self.poller_active(now);
+        if active {
+            self.poller_active(now);
+        }
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, true, now);
+        let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, active, now);
         drop(rx);
         // Active pollers also fire due timers, so that the engine thread can stay asleep
         // instead of preempting them.
@@ -941,20 +979,27 @@ impl Engine {
                     revents: 0,
                 },
                 libc::pollfd {
+                    fd: self.kick.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
                     fd: self.port.raw_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 },
             ];
-            let nfds = if watch_socket { 2 } else { 1 };
+            let nfds = if watch_socket { 3 } else { 2 };
             // SAFETY: `fds` holds `nfds` valid pollfds and `ts` is a valid timeout.
             let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
-            let ready = n > 0 && fds[1].revents != 0;
-            if n > 0 && fds[0].revents != 0 {
-                let mut ticks = [0u8; 8];
-                // SAFETY: reads at most 8 bytes into a live buffer from our timerfd (which is
-                // non-blocking: nothing to read is an error we ignore).
-                let _ = unsafe { libc::read(self.waker.as_raw_fd(), ticks.as_mut_ptr().cast(), 8) };
+            let ready = n > 0 && fds[2].revents != 0;
+            for fd in &fds[..2] {
+                if n > 0 && fd.revents != 0 {
+                    let mut ticks = [0u8; 8];
+                    // SAFETY: reads at most 8 bytes into a live buffer from our timerfd or
+                    // eventfd (both non-blocking: nothing to read is an error we ignore).
+                    let _ = unsafe { libc::read(fd.fd, ticks.as_mut_ptr().cast(), 8) };
+                }
             }
             self.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
             // Receive only when it is this thread's turn: always in blocking mode, and in

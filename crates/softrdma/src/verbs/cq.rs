@@ -60,10 +60,14 @@ impl Cq {
     }
 
     /// Move up to `wc.len()` completions into `wc` (`ibv_poll_cq`). In busy-poll mode this
-    /// first receives and processes whatever packets are waiting.
+    /// first receives and processes whatever packets are waiting; a poll of an armed CQ (the
+    /// last look before waiting for its event) does not make the thread a busy poller, so the
+    /// engine thread keeps the receive path while it sleeps.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
         if self.device.engine().mode() == PollMode::BusyPoll {
-            self.device.engine().progress(false);
+            self.device
+                .engine()
+                .progress_as(false, !self.core.is_armed());
         }
         self.core.poll(wc)
     }
@@ -87,9 +91,13 @@ impl Cq {
         out
     }
 
-    /// Arm the CQ: the channel fires on the next completion (`ibv_req_notify_cq`).
+    /// Arm the CQ: the channel fires on the next completion (`ibv_req_notify_cq`). In
+    /// busy-poll mode the caller is taken to be about to sleep until that event: the engine
+    /// thread takes the receive path at once (instead of after pollers have been quiet for a
+    /// few milliseconds), until the thread polls a CQ that is not armed again.
     pub fn req_notify(&self, _solicited_only: bool) {
         self.core.req_notify();
+        self.device.engine().poller_sleeping();
     }
 
     /// True once a completion was lost to a full CQ.
