@@ -493,6 +493,9 @@ fn a_post_carries_the_held_ack_along() {
     for round in 0..20u64 {
         recv(&a, &abuf);
         recv(&b, &bbuf);
+        // b polls from now on: its engine thread leaves the ping to b's polls (a device that
+        // nobody polled yet, as at round 0, is the engine thread's, which holds no ACK).
+        b.dev.progress();
         send(&a, &abuf, round);
         // b takes the ping; the poll that hands it over sends nothing, so b now holds the
         // ACK for it.

@@ -64,40 +64,92 @@ impl ChannelCore {
         let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
+    /// True when an event is pending (the fd is readable).
+    fn readable(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+    }
+
     /// Take the next event (the id of a CQ that fired), waiting up to `timeout`
     /// (`None`: forever). Returns `Ok(None)` on timeout.
     pub fn get_event(&self, timeout: Option<Duration>) -> io::Result<Option<u64>> {
+        self.get_event_driving(timeout, None)
+    }
+
+    /// [`ChannelCore::get_event`], also watching `drive.0` (the device's socket) and calling
+    /// `drive.1` (which receives and handles what arrived, returning how many packets it
+    /// handled) when it is readable: the waiting thread handles the packet that completes its
+    /// CQ itself, one wake-up instead of two (the engine thread's, then this thread's).
+    pub fn get_event_driving(
+        &self,
+        timeout: Option<Duration>,
+        drive: Option<(RawFd, &dyn Fn() -> usize)>,
+    ) -> io::Result<Option<u64>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        // After a drive that handled nothing (another thread holds the receive path), the
+        // socket is not watched for one wait, so that a readable socket cannot spin this loop.
+        let mut watch = true;
         loop {
-            let mut v: u64 = 0;
-            // SAFETY: reads 8 bytes into a live u64 from our eventfd.
-            let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            if r == 8 {
-                let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(id) = ev.pop_front() {
-                    return Ok(Some(id));
+            // The application may have made the fd blocking (libibverbs' channels start so):
+            // a thread that also drives the socket reads only once the fd is readable.
+            if drive.is_none() || self.readable() {
+                let mut v: u64 = 0;
+                // SAFETY: reads 8 bytes into a live u64 from our eventfd.
+                let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+                if r == 8 {
+                    let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(id) = ev.pop_front() {
+                        return Ok(Some(id));
+                    }
+                    continue;
                 }
-                continue;
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::WouldBlock {
+                    return Err(e);
+                }
             }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(e);
-            }
-            let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-            let mut p = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, ms) };
-            if n == 0 {
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if left == Some(Duration::ZERO) {
                 return Ok(None);
             }
+            let mut ms = left.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
+            let mut p = [
+                libc::pollfd {
+                    fd: self.fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: drive.map_or(-1, |d| d.0),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let nfds = if drive.is_some() && watch { 2 } else { 1 };
+            if drive.is_some() && !watch {
+                ms = if ms < 0 { 1 } else { ms.min(1) };
+            }
+            // SAFETY: `nfds` valid pollfds.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), nfds, ms) };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
                     return Err(e);
                 }
+                continue;
+            }
+            watch = true;
+            if let Some((_, f)) = drive
+                && nfds == 2
+                && p[1].revents != 0
+                && f() == 0
+            {
+                watch = false;
             }
         }
     }

@@ -454,6 +454,11 @@ impl Engine {
         }
     }
 
+    /// The device's socket (readable when datagrams wait).
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.port.raw_fd()
+    }
+
     /// An application thread is about to sleep until a completion event (it armed a CQ):
     /// in busy-poll mode nobody would receive meanwhile until the engine thread's wake-up
     /// fires (milliseconds), so pollers count as quiet from now and the thread is woken to
@@ -668,7 +673,10 @@ impl Engine {
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
-        let done = self.receive_at(&mut rx, self.mode == PollMode::BusyPoll, active, now);
+        // A thread about to sleep holds back no acknowledgement: nobody might send it for a
+        // while.
+        let defer_acks = self.mode == PollMode::BusyPoll && active;
+        let done = self.receive_at(&mut rx, defer_acks, active, now);
         drop(rx);
         // Active pollers also fire due timers, so that the engine thread can stay asleep
         // instead of preempting them.

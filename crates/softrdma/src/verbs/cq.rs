@@ -12,6 +12,7 @@ use crate::net::{ChannelCore, CqCore, PollMode};
 #[derive(Clone, Debug)]
 pub struct CompChannel {
     pub(crate) core: Arc<ChannelCore>,
+    pub(crate) device: Device,
 }
 
 impl CompChannel {
@@ -23,7 +24,14 @@ impl CompChannel {
     /// Wait for the next CQ event (`ibv_get_cq_event`); returns the id of the CQ that fired
     /// (compare with [`Cq::id`]), or `None` on timeout.
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<u64>, VerbsError> {
-        Ok(self.core.get_event(timeout)?)
+        let engine = self.device.engine();
+        if engine.mode() != PollMode::BusyPoll {
+            return Ok(self.core.get_event(timeout)?);
+        }
+        let drive = || engine.progress_as(false, false);
+        Ok(self
+            .core
+            .get_event_driving(timeout, Some((engine.socket_fd(), &drive)))?)
     }
 }
 

@@ -252,6 +252,7 @@ impl Device {
     pub fn create_comp_channel(&self) -> Result<super::CompChannel, VerbsError> {
         Ok(super::CompChannel {
             core: Arc::new(ChannelCore::new(1024)?),
+            device: self.clone(),
         })
     }
 
