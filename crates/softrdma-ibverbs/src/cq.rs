@@ -241,8 +241,8 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ib
     )
 }
 
-/// `ops.req_notify_cq`: arm the CQ; 0, or EINVAL for NULL. Solicited-only arming fires on
-/// any completion (more wake-ups than asked, never fewer).
+/// `ops.req_notify_cq`: arm the CQ; 0, or EINVAL for NULL. With `solicited_only` the CQ fires
+/// on the next receive whose message carried the solicited-event bit, or completion in error.
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     guard(
         || crate::errno::PANIC_ERRNO,

@@ -839,3 +839,70 @@ fn busy_poll_event_driven_pingpong_is_not_stalled() {
     // trip; a wake-up chain of two threads per side costs well under a millisecond.
     assert!(per < Duration::from_millis(3), "{per:?} per round trip");
 }
+
+/// Solicited-only arming: the channel stays quiet for a receive whose message did not carry
+/// the solicited-event bit, fires for one that did (and for a WRITE with immediate that did),
+/// and fires for any completion when armed without the flag.
+#[test]
+fn solicited_only_arming_fires_on_solicited_receives() {
+    let mut cfg = DeviceConfig::new(IpAddr::from([127, 0, 0, 2]));
+    cfg.port = 24804;
+    cfg.mode = PollMode::Blocking;
+    cfg.pin_mode = PinMode::OnDemand;
+    let bdev = Device::open(cfg).unwrap();
+    let bpd = bdev.alloc_pd().unwrap();
+    let ch = bdev.create_comp_channel().unwrap();
+    let bcq = bdev.create_cq(64, Some(&ch)).unwrap();
+    let b = Side {
+        qp: bpd.create_qp(&QpInitAttr::new(&bcq)).unwrap(),
+        dev: bdev,
+        pd: bpd,
+        cq: bcq,
+    };
+    let a = side([127, 0, 0, 1], 24804, PollMode::Blocking);
+    connect(&a, &b);
+    let src = a.pd.reg_buffer(vec![5u8; 16], Access::LOCAL_WRITE).unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; 1024], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let sge = [src.sge(0, 16)];
+    // Sends (or writes with immediate) one message, waits for a's completion and b's receive.
+    let exchange = |op: WrOpcode, flags: SendFlags| {
+        b.qp.post_recv(&RecvWr {
+            wr_id: 7,
+            sg_list: &[dst.sge(0, 64)],
+        })
+        .unwrap();
+        a.qp.post_send(
+            &SendWr::new(1, op)
+                .sg(&sge)
+                .flags(flags | SendFlags::SIGNALED),
+        )
+        .unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+        let w = one(&b.cq);
+        assert_eq!((w.wr_id, w.status), (7, WcStatus::Success));
+        w
+    };
+    let event = |ms: u64| ch.get_event(Some(Duration::from_millis(ms))).unwrap();
+    b.cq.req_notify(true);
+    assert!(!exchange(WrOpcode::Send, SendFlags::NONE).solicited);
+    assert_eq!(
+        event(200),
+        None,
+        "an unsolicited receive fired a solicited-only CQ"
+    );
+    assert!(exchange(WrOpcode::Send, SendFlags::SOLICITED).solicited);
+    assert_eq!(event(5000), Some(b.cq.id()));
+    b.cq.req_notify(true);
+    let imm = WrOpcode::RdmaWriteWithImm {
+        remote_addr: dst.iova() + 512,
+        rkey: dst.rkey(),
+        imm: 9,
+    };
+    assert!(exchange(imm, SendFlags::SOLICITED).solicited);
+    assert_eq!(event(5000), Some(b.cq.id()));
+    b.cq.req_notify(false);
+    assert!(!exchange(WrOpcode::Send, SendFlags::NONE).solicited);
+    assert_eq!(event(5000), Some(b.cq.id()));
+}

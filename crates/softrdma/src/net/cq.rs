@@ -9,12 +9,15 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::rc::WorkCompletion;
+use crate::rc::{WcStatus, WorkCompletion};
 
 /// Not armed.
 const ARM_NONE: u8 = 0;
 /// Armed for the next completion.
 const ARM_NEXT: u8 = 1;
+/// Armed for the next solicited completion (a receive whose message carried the
+/// solicited-event bit) or completion in error.
+const ARM_SOLICITED: u8 = 2;
 
 /// A completion channel: CQs that fire queue their id here and bump the eventfd.
 #[derive(Debug)]
@@ -208,7 +211,13 @@ impl CqCore {
             }
             r.push_back(wc);
         }
-        if self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE
+        let fires = match self.armed.load(Ordering::Acquire) {
+            ARM_NEXT => true,
+            ARM_SOLICITED => wc.solicited || wc.status != WcStatus::Success,
+            _ => false,
+        };
+        if fires
+            && self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE
             && let Some(ch) = &self.channel
         {
             ch.notify(self.id);
@@ -235,12 +244,22 @@ impl CqCore {
         self.len() == 0
     }
 
-    /// Arm for the next completion added (`ibv_req_notify_cq`); as with hardware, completions
-    /// already waiting do not fire, so a consumer polls once more after arming. Solicited-only
-    /// arming is treated as arming for any completion: the consumer may wake more often than
-    /// it asked, never less.
-    pub fn req_notify(&self) {
-        self.armed.store(ARM_NEXT, Ordering::Release);
+    /// Arm for the next completion added (`ibv_req_notify_cq`), or with `solicited_only` for
+    /// the next solicited one (a receive whose message carried the solicited-event bit) or
+    /// one in error; arming for any completion wins over a solicited-only arming still
+    /// pending. As with hardware, completions already waiting do not fire, so a consumer polls
+    /// once more after arming.
+    pub fn req_notify(&self, solicited_only: bool) {
+        if solicited_only {
+            let _ = self.armed.compare_exchange(
+                ARM_NONE,
+                ARM_SOLICITED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        } else {
+            self.armed.store(ARM_NEXT, Ordering::Release);
+        }
     }
 
     /// True while armed (until a completion fires the channel).

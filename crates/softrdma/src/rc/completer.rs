@@ -436,6 +436,7 @@ impl SendSide {
                     invalidated_rkey: None,
                     qp_num: qpn,
                     src_qp: self.dest_qpn,
+                    solicited: false,
                 });
             }
             self.sq.pop();

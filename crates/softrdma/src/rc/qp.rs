@@ -308,6 +308,7 @@ impl Qp {
                 invalidated_rkey: None,
                 qp_num: self.qpn,
                 src_qp: self.attr.dest_qp_num,
+                solicited: false,
             });
         }
     }

@@ -267,6 +267,7 @@ impl RecvSide {
             invalidated_rkey: None,
             qp_num: qpn,
             src_qp: self.dest_qpn,
+            solicited: false,
         }
     }
 
@@ -420,6 +421,7 @@ impl RecvSide {
                 end as u32,
             );
             wc.imm_data = pkt.hdr.immdt;
+            wc.solicited = pkt.hdr.bth.se;
             if let Some(rkey) = pkt.hdr.ieth {
                 if mem.invalidate(actx, rkey).is_err() {
                     wc.status = WcStatus::LocProtErr;
@@ -528,6 +530,7 @@ impl RecvSide {
                     len,
                 );
                 wc.imm_data = pkt.hdr.immdt;
+                wc.solicited = pkt.hdr.bth.se;
                 cq.push_back(wc);
             }
             self.next_msn();

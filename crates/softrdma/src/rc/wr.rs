@@ -388,6 +388,9 @@ pub struct WorkCompletion {
     pub qp_num: u32,
     /// The peer's QP number (receives).
     pub src_qp: u32,
+    /// The message carried the solicited-event bit (receives; a CQ armed for solicited
+    /// completions only fires on these and on errors).
+    pub solicited: bool,
 }
 
 impl WorkCompletion {

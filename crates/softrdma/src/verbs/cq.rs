@@ -45,6 +45,7 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
     invalidated_rkey: None,
     qp_num: 0,
     src_qp: 0,
+    solicited: false,
 };
 
 /// A completion queue.
@@ -99,12 +100,14 @@ impl Cq {
         out
     }
 
-    /// Arm the CQ: the channel fires on the next completion (`ibv_req_notify_cq`). In
+    /// Arm the CQ: the channel fires on the next completion (`ibv_req_notify_cq`), or with
+    /// `solicited_only` on the next receive whose message carried the solicited-event bit
+    /// (`SendFlags::SOLICITED` at the sender) or completion in error. In
     /// busy-poll mode the caller is taken to be about to sleep until that event: the engine
     /// thread takes the receive path at once (instead of after pollers have been quiet for a
     /// few milliseconds), until the thread polls a CQ that is not armed again.
-    pub fn req_notify(&self, _solicited_only: bool) {
-        self.core.req_notify();
+    pub fn req_notify(&self, solicited_only: bool) {
+        self.core.req_notify(solicited_only);
         self.device.engine().poller_sleeping();
     }
 
