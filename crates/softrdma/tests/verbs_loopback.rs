@@ -906,3 +906,54 @@ fn solicited_only_arming_fires_on_solicited_receives() {
     assert!(!exchange(WrOpcode::Send, SendFlags::NONE).solicited);
     assert_eq!(event(5000), Some(b.cq.id()));
 }
+
+#[test]
+fn unsignaled_writes_are_acknowledged_lazily_without_retransmission() {
+    for (mode, port) in [(PollMode::Blocking, 24805), (PollMode::BusyPoll, 24806)] {
+        let (a, b) = pair(port, mode);
+        let dmr =
+            b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap();
+        let write = |id: u64, flags: SendFlags| {
+            let data = [id as u8; 8];
+            let wr = SendWr::new(
+                id,
+                WrOpcode::RdmaWrite {
+                    remote_addr: dmr.iova() + id * 8,
+                    rkey: dmr.rkey(),
+                },
+            )
+            .inline(&data)
+            .flags(flags | SendFlags::INLINE);
+            a.qp.post_send(&wr).unwrap();
+        };
+        for id in 0..3 {
+            write(id, SendFlags::NONE);
+        }
+        // Longer than the lazy ACK delay (0.1 ms) and than the retransmission timeout (IB
+        // timeout 14: 67 ms): a missing ACK would show as a timeout.
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_millis(150) {
+            if mode == PollMode::BusyPoll {
+                a.cq.poll(&mut [EMPTY_WC; 4]);
+                b.cq.poll(&mut [EMPTY_WC; 4]);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        let mut placed = [0u8; 24];
+        dmr.read(0, &mut placed).unwrap();
+        assert_eq!(placed.to_vec(), [[0u8; 8], [1; 8], [2; 8]].concat());
+        let (ca, cb) = (a.qp.counters(), b.qp.counters());
+        assert_eq!(cb.resp.lazy_acks, 1, "{mode:?}: {cb:?}");
+        assert_eq!(
+            (ca.comp.timeouts, ca.comp.retransmits),
+            (0, 0),
+            "{mode:?}: {ca:?}"
+        );
+        // A signaled WRITE asks for its ACK and completes at once.
+        write(3, SendFlags::SIGNALED);
+        let wc = one(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (3, WcStatus::Success));
+        assert_eq!(b.qp.counters().resp.lazy_acks, 1);
+    }
+}

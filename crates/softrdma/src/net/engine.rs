@@ -604,9 +604,10 @@ impl Engine {
         }
     }
 
-    /// Send the QP's held acknowledgement now (before the QP goes away: its peer is waiting
-    /// for it).
+    /// Send the QP's held acknowledgement, and the one of requests executed without AckReq,
+    /// now (before the QP goes away: its peer is waiting for them).
     pub fn flush_held(&self, body: &mut QpBody) {
+        body.qp.ack_now();
         self.release_ack(body, self.now());
     }
 

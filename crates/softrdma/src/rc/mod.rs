@@ -51,6 +51,10 @@ pub const MAX_INFLIGHT_PSNS: i32 = 128;
 /// The requester sets AckReq at least every this many packets of a long message (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
 pub const ACK_REQ_EVERY: u32 = 64;
+/// How long a responder waits before acknowledging requests executed without AckReq (the
+/// requester did not ask; a later requested ACK usually covers them first). Far below any
+/// retransmission timeout in use (IB timeout 5, 131 us, and up; the default is 14, 67 ms).
+pub const LAZY_ACK_NS: u64 = 100_000;
 /// Largest message (2^31 bytes, `max_msg_sz`).
 pub const MAX_MSG_SIZE: u64 = 1 << 31;
 /// Bytes of BTH and extension headers at most (BTH + RETH + ImmDt, or BTH + AtomicETH),

@@ -89,6 +89,8 @@ pub struct Qp {
     send_cq: VecDeque<WorkCompletion>,
     recv_cq: VecDeque<WorkCompletion>,
     counters: QpCounters,
+    /// When the acknowledgement nobody asked for is sent (see [`super::LAZY_ACK_NS`]).
+    lazy_ack_at: Option<u64>,
 }
 
 impl Qp {
@@ -119,11 +121,16 @@ impl Qp {
             state: QpState::Reset,
             attr: QpAttr::default(),
             icrc: None,
-            send: SendSide::new(c.max_send_wr as usize, c.max_inline_data as usize),
+            send: SendSide::new(
+                c.max_send_wr as usize,
+                c.max_inline_data as usize,
+                init.sq_sig_all,
+            ),
             recv: RecvSide::new(c.max_recv_wr as usize, c.max_recv_sge as usize, init.srq),
             send_cq: VecDeque::with_capacity(c.max_send_wr as usize),
             recv_cq: VecDeque::with_capacity(recv_cq),
             counters: QpCounters::default(),
+            lazy_ack_at: None,
         })
     }
 
@@ -279,6 +286,7 @@ impl Qp {
         self.send.rd_seen.clear();
         self.send.rereq.clear();
         self.recv.reset();
+        self.lazy_ack_at = None;
         self.send_cq.clear();
         self.recv_cq.clear();
         self.attr = QpAttr::default();
@@ -291,6 +299,7 @@ impl Qp {
         self.attr.qp_state = QpState::Err;
         self.send.flush();
         self.recv.enter_error();
+        self.lazy_ack_at = None;
         self.retire();
         self.flush_recv();
     }
@@ -435,6 +444,10 @@ impl Qp {
             if out == RespOutcome::Fatal {
                 self.enter_error();
             }
+            self.lazy_ack_at = match self.recv.unacked() {
+                Some(_) => Some(self.lazy_ack_at.unwrap_or(now + super::LAZY_ACK_NS)),
+                None => None,
+            };
         } else if self.state != QpState::Rtr {
             let r =
                 self.send
@@ -532,18 +545,32 @@ impl Qp {
     /// The next instant `handle_timeout` must be called, if any.
     pub fn poll_timeout(&self) -> Option<u64> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
-            return None;
+            return self.lazy_ack_at;
         }
-        earliest(self.send.retrans_deadline, self.send.rnr_deadline)
+        earliest(
+            earliest(self.send.retrans_deadline, self.send.rnr_deadline),
+            self.lazy_ack_at,
+        )
     }
 
-    /// Let time pass: fire the retransmission or RNR timer if due.
+    /// Let time pass: queue the acknowledgement nobody asked for once it is due, and fire the
+    /// retransmission or RNR timer if due.
     pub fn handle_timeout(&mut self, now: u64) {
+        if self.lazy_ack_at.is_some_and(|t| t <= now) {
+            self.ack_now();
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
         let _ = self.send.handle_timeout(now, &mut self.counters.comp);
         self.retire();
+    }
+
+    /// Queue the acknowledgement of requests executed without AckReq now, rather than when
+    /// it is due (before the QP goes away, or when its driver is about to sleep).
+    pub fn ack_now(&mut self) {
+        self.lazy_ack_at = None;
+        self.recv.ack_unacked(&mut self.counters.resp);
     }
 
     /// The next completion, send side first.

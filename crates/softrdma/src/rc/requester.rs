@@ -1,7 +1,8 @@
 //! The requester: turns send WQEs into request packets (rxe's `rxe_req.c`).
 //!
-//! Segmentation to the path MTU, PSN assignment, the AckReq policy (last packet of every
-//! message, every [`ACK_REQ_EVERY`] packets of a long one, and every READ/atomic request),
+//! Segmentation to the path MTU, PSN assignment, the AckReq policy (see
+//! [`SendSide::wants_ack`]: the last packet of a message whose completion the application
+//! waits for, every [`ACK_REQ_EVERY`] packets, every READ/atomic request),
 //! the send window of unacknowledged PSNs (default [`super::MAX_INFLIGHT_PSNS`]), the `max_rd_atomic` limit,
 //! fences, and local operations (LOCAL_INV, BIND_MW) executed in queue order.
 
@@ -143,6 +144,7 @@ impl SendSide {
             // sent before one arrives.
             let force_ack =
                 self.noack + 1 >= ACK_REQ_EVERY || (self.cwnd < i32::MAX && ahead + 1 >= window);
+            let end_ack = self.wants_ack(w, psn);
             match build_request(
                 w,
                 self.req_pkt,
@@ -151,6 +153,7 @@ impl SendSide {
                 self.dest_qpn,
                 self.mtu,
                 force_ack,
+                end_ack,
                 actx,
                 mem,
                 icrc,
@@ -199,6 +202,24 @@ impl SendSide {
         i - idx
     }
 
+    /// Whether the last packet of `w`, sent at `psn`, asks for an acknowledgement. Only when
+    /// something waits for one, as hardware requesters do: the application (a signaled WQE),
+    /// the send queue (half of it holds WQEs not yet acknowledged, which retire only with
+    /// an ACK), or a recovery (a packet sent again, or any while the window is reduced after a
+    /// timeout: their ACK ends it). Otherwise the responder acknowledges lazily
+    /// ([`super::LAZY_ACK_NS`]) unless a later requested ACK covers the message first; a ping-
+    /// pong of unsignaled messages then sends no ACK per message. (Linux rxe requests one for
+    /// every message, and answers only requests: a message left without one is acknowledged by
+    /// the next requested ACK, or after the retransmission timeout by the ACK of its
+    /// retransmission.)
+    pub(super) fn wants_ack(&self, w: &SendWqe, psn: Psn) -> bool {
+        w.signaled
+            || self.sig_all
+            || self.sq.len() * 2 >= self.sq.capacity()
+            || psn.is_before(self.sent_end)
+            || self.cwnd < i32::MAX
+    }
+
     /// Send the next queued hole re-request that is still needed, if any.
     fn poll_rerequest(
         &mut self,
@@ -226,6 +247,7 @@ impl SendSide {
                 psn,
                 self.dest_qpn,
                 self.mtu,
+                true,
                 true,
                 actx,
                 mem,
@@ -311,7 +333,9 @@ fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(
 }
 
 /// Build packet `idx` of `w` at `psn` (a READ request asks for at most `limit` response
-/// PSNs). Returns (length in `buf`, AckReq set, PSNs consumed). With `gather`, a payload of
+/// PSNs); AckReq is set on it with `force_ack`, on the message's last packet with
+/// `end_ack`, and on every READ/atomic request. Returns (length in `buf`, AckReq set, PSNs
+/// consumed). With `gather`, a payload of
 /// at least [`LEND_MIN`] bytes from memory that can be lent is not copied: it goes to
 /// `gather` (see [`Gather`]).
 #[allow(clippy::too_many_arguments)]
@@ -323,6 +347,7 @@ fn build_request(
     dest_qpn: u32,
     mtu: u32,
     force_ack: bool,
+    end_ack: bool,
     actx: AccessCtx,
     mem: &dyn MemoryAccess,
     icrc: &IcrcPrefix,
@@ -421,7 +446,7 @@ fn build_request(
         h.bth.se =
             w.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || h.immdt.is_some());
     }
-    let ack_req = pos.ends() || force_ack;
+    let ack_req = (pos.ends() && end_ack) || force_ack;
     h.bth.ack_req = ack_req;
     let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
     if let Some(g) = gather

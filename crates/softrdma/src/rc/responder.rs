@@ -70,6 +70,9 @@ pub struct RespCounters {
     pub naks_sent: u64,
     /// Atomics answered from the replay cache.
     pub atomic_replays: u64,
+    /// Acknowledgements sent for requests that did not ask for one (lazily: no requested ACK
+    /// covered them in time).
+    pub lazy_acks: u64,
 }
 
 /// A READ could not be served and was NAKed: the QP must enter the error state.
@@ -112,6 +115,10 @@ pub struct RecvSide {
     pub max_dest_rd_atomic: u8,
     /// Peer QPN.
     pub dest_qpn: u32,
+    /// The newest request PSN executed without AckReq and not yet acknowledged: the
+    /// requester did not ask for an acknowledgement, so one is sent only lazily (see
+    /// [`RecvSide::ack_unacked`]) unless a newer answer covers it first.
+    pub(super) unacked: Option<Psn>,
 }
 
 pub(super) fn map_err(e: AccessError) -> Option<NakCode> {
@@ -145,6 +152,7 @@ impl RecvSide {
             min_rnr_timer: 12,
             max_dest_rd_atomic: 1,
             dest_qpn: 0,
+            unacked: None,
         }
     }
 
@@ -157,6 +165,7 @@ impl RecvSide {
         self.msg = InMsg::Idle;
         self.nak_seq_sent = false;
         self.msn = 0;
+        self.unacked = None;
     }
 
     /// The QP entered the error state: keep only NAKs still to be sent.
@@ -172,6 +181,26 @@ impl RecvSide {
         });
         self.rd_atomic_queued = 0;
         self.msg = InMsg::Idle;
+        self.unacked = None;
+    }
+
+    /// The newest request PSN executed without AckReq that no answer has acknowledged yet.
+    pub fn unacked(&self) -> Option<Psn> {
+        self.unacked
+    }
+
+    /// Queue the acknowledgement nobody asked for (of [`RecvSide::unacked`]); the driver
+    /// calls this once it has waited long enough for a requested one to cover it. Returns
+    /// false when there was none to send.
+    pub fn ack_unacked(&mut self, c: &mut RespCounters) -> bool {
+        match self.unacked {
+            Some(psn) => {
+                c.lazy_acks += 1;
+                self.push_ack(psn, NO_CREDITS);
+                true
+            }
+            None => false,
+        }
     }
 
     /// True when answers wait to be sent.
@@ -193,6 +222,8 @@ impl RecvSide {
     }
 
     pub(super) fn push_ack(&mut self, psn: Psn, syndrome: Syndrome) {
+        // Every ACK and NAK covers the requests executed before it.
+        self.unacked = None;
         let msn = self.msn;
         // Coalesce: a newer ACK replaces an unsent one at the back of the queue.
         if let Some(Response::Ack {
@@ -347,6 +378,8 @@ impl RecvSide {
         self.epsn = psn.add(1);
         if pkt.hdr.bth.ack_req {
             self.push_ack(psn, NO_CREDITS);
+        } else {
+            self.unacked = Some(psn);
         }
     }
 

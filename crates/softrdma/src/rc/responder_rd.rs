@@ -52,6 +52,8 @@ impl RecvSide {
             return self.refused(psn, e, c);
         }
         let msn = self.next_msn();
+        // The response's AETH acknowledges every request before this one.
+        self.unacked = None;
         self.resp.push_back(Response::Read {
             psn,
             va: reth.va,
@@ -95,6 +97,7 @@ impl RecvSide {
             Ok(orig) => {
                 self.cache.insert(psn, orig);
                 let msn = self.next_msn();
+                self.unacked = None;
                 self.resp.push_back(Response::Atomic { psn, orig, msn });
                 self.rd_atomic_queued += 1;
                 self.epsn = psn.add(1);

@@ -116,6 +116,10 @@ impl SendQueue {
     pub fn is_empty(&self) -> bool {
         self.tail == self.head
     }
+    /// WQEs the ring holds.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
     /// True when posting would overflow.
     pub fn is_full(&self) -> bool {
         self.len() >= self.slots.len()
@@ -212,11 +216,14 @@ pub struct SendSide {
     pub max_rd_atomic: u8,
     /// Peer QPN.
     pub dest_qpn: u32,
+    /// Every WQE completes signaled (`sq_sig_all`).
+    pub sig_all: bool,
 }
 
 impl SendSide {
-    /// Requester/completer state with a ring of `depth` WQEs.
-    pub fn new(depth: usize, inline_cap: usize) -> SendSide {
+    /// Requester/completer state with a ring of `depth` WQEs (`sig_all`: every WQE
+    /// completes signaled).
+    pub fn new(depth: usize, inline_cap: usize, sig_all: bool) -> SendSide {
         SendSide {
             sq: SendQueue::new(depth, inline_cap),
             req_seq: 0,
@@ -243,6 +250,7 @@ impl SendSide {
             rnr_retry: 7,
             max_rd_atomic: 1,
             dest_qpn: 0,
+            sig_all,
         }
     }
 
