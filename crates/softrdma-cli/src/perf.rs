@@ -368,6 +368,8 @@ fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
     let mut got = 0u64;
     let mut posted = 0u64;
     let mut wc = [EMPTY_WC; 32];
+    // Small answers are sent inline from here, as write_lat sends its WRITEs.
+    let small = [0u8; 64];
     let deadline = Instant::now() + Duration::from_secs(120);
     while got < iters {
         if Instant::now() > deadline {
@@ -387,7 +389,7 @@ fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
                     };
                     let wr = if size <= 64 {
                         SendWr::new(posted, WrOpcode::Send)
-                            .sg(&sge)
+                            .inline(&small[..size])
                             .flags(flags | SendFlags::INLINE)
                     } else {
                         SendWr::new(posted, WrOpcode::Send).sg(&sge).flags(flags)
@@ -688,6 +690,8 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
     post_recvs(c, size, RX_DEPTH.min(iters as u32 + 1))?;
     let mut times = Vec::with_capacity(iters as usize);
     let mut wc = [EMPTY_WC; 8];
+    // Small messages are sent inline from here, as write_lat sends its WRITEs.
+    let small = [0u8; 64];
     for i in 0..iters {
         let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
         let flags = if i % 64 == 63 {
@@ -695,11 +699,11 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
         } else {
             SendFlags::NONE
         };
-        let wr = SendWr::new(i, WrOpcode::Send).sg(&sge);
+        let wr = SendWr::new(i, WrOpcode::Send);
         let wr = if size <= 64 {
-            wr.flags(flags | SendFlags::INLINE)
+            wr.inline(&small[..size]).flags(flags | SendFlags::INLINE)
         } else {
-            wr.flags(flags)
+            wr.sg(&sge).flags(flags)
         };
         let t0 = Instant::now();
         c.qp.post_send(&wr)?;
