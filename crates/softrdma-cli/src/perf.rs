@@ -413,10 +413,10 @@ fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
 }
 
 /// Wait a moment after a CQ poll found nothing: in busy-poll mode the poll itself drove the
-/// engine, so spin straight into the next one.
+/// engine (a system call), so go straight into the next one.
 fn idle_after_poll(c: &Ctx) {
     match c.mode {
-        PollMode::BusyPoll => std::hint::spin_loop(),
+        PollMode::BusyPoll => {}
         PollMode::Blocking => std::thread::sleep(Duration::from_micros(5)),
     }
 }

@@ -552,6 +552,11 @@ impl Engine {
         let v4 = dst.is_ipv4();
         let mem: &MemoryTable = &self.mem;
         loop {
+            // A transmit poll that cannot produce anything costs as much as one that does
+            // (it runs cold, after the kernel's receive path, on a latency's critical path).
+            if !qp.has_transmit_work() {
+                break;
+            }
             if !tx.has_room(max) {
                 self.flush(tx);
             }

@@ -489,6 +489,14 @@ impl Qp {
         self.transmit(now, mem, buf, Some(gather), hold_ack)
     }
 
+    /// False when a transmit poll would produce nothing now: no answer waits, and no request
+    /// is left to start or continue (a driver may skip the poll). True does not promise a
+    /// packet (the window, a fence or an RNR wait may hold the next request back).
+    pub fn has_transmit_work(&self) -> bool {
+        self.recv.has_response()
+            || (matches!(self.state, QpState::Rts | QpState::Sqd) && self.send.has_request_work())
+    }
+
     /// True when the only answer waiting is a positive acknowledgement, which a driver may
     /// hold back: acknowledgements are cumulative, so newer ones replace it until it is sent
     /// (by a transmit poll without `hold_ack`). Nothing else waits behind a held one.

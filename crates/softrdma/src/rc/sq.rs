@@ -263,6 +263,22 @@ impl SendSide {
         self.holes_scanned = psn;
     }
 
+    /// True when a WQE is left to start or continue, or a hole re-request waits.
+    pub fn has_request_work(&self) -> bool {
+        if !self.rereq.is_empty() {
+            return true;
+        }
+        let seq = self.req_seq.max(self.sq.head);
+        if seq + 1 < self.sq.tail {
+            return true;
+        }
+        // The last WQE: work unless every packet of it has gone out.
+        seq < self.sq.tail && {
+            let w = self.sq.get(seq);
+            !(w.psn_assigned && self.req_seq == seq && self.req_pkt >= w.npkts)
+        }
+    }
+
     /// True while sent packets wait for acknowledgement.
     pub fn outstanding(&self) -> bool {
         self.comp_psn.is_before(self.sent_end)
