@@ -108,6 +108,10 @@ fn parent(test: &str, pair: u8, n: &Node, qps: &[&Qp]) -> (Child, Link, Vec<u64>
     }
     mine.push_str(&format!("{} {}", n.mr.rkey(), n.mr.iova()));
     l.send(&mine);
+    // Nothing is sent before the child's QPs are at RTS: a request that reached one still in
+    // RTR would be answered there, and a NAK (bad_rkey_is_a_remote_access_error) would put it
+    // in the error state before it could move to RTS.
+    assert_eq!(l.recv(), "up", "the child did not connect");
     let rest = theirs[2 * qps.len()..].to_vec();
     (child, l, rest)
 }
@@ -138,6 +142,7 @@ fn child_link(pair: u8, qps: &[&Qp], extra: &[u64]) -> (Link, Vec<u64>) {
         )
         .unwrap();
     }
+    l.send("up");
     (l, theirs[2 * qps.len()..].to_vec())
 }
 
