@@ -748,9 +748,11 @@ impl Engine {
             let slack = if done > 0 { ACK_DELAY } else { 0 };
             self.flush_pending_at(rx, false, now.saturating_sub(slack));
         }
-        self.counters
-            .rx_packets
-            .fetch_add(done as u64, Ordering::Relaxed);
+        if done > 0 {
+            self.counters
+                .rx_packets
+                .fetch_add(done as u64, Ordering::Relaxed);
+        }
         done
     }
 
