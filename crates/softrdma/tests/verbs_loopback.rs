@@ -957,3 +957,94 @@ fn unsignaled_writes_are_acknowledged_lazily_without_retransmission() {
         assert_eq!(b.qp.counters().resp.lazy_acks, 1);
     }
 }
+
+#[test]
+fn busy_poll_channel_fd_wakes_for_a_waiting_datagram() {
+    // An application that sleeps in its own poll/epoll on the channel's descriptor (made
+    // non-blocking) must wake for a datagram on the device's socket itself: in busy-poll mode
+    // the engine thread stays off the receive path while pollers are active, and otherwise
+    // it would have to wake first, handle the packet and then wake the application.
+    let (a, b) = pair(24807, PollMode::BusyPoll);
+    let ch = b.dev.create_comp_channel().unwrap();
+    let cq = b.dev.create_cq(16, Some(&ch)).unwrap();
+    let mut attr = QpInitAttr::new(&cq);
+    attr.cap = QpCap::default();
+    let qp = b.pd.create_qp(&attr).unwrap();
+    // Rewire: a talks to the new QP of b.
+    let aqp = a.pd.create_qp(&QpInitAttr::new(&a.cq)).unwrap();
+    let (pa, pb) = (random_psn(), random_psn());
+    let mut qa = QpAttr {
+        path_mtu: Mtu::Mtu1024,
+        qp_access_flags: Access::LOCAL_WRITE,
+        ..QpAttr::default()
+    };
+    qa.dest_qp_num = qp.qp_num();
+    qa.sq_psn = pa;
+    qa.rq_psn = pb;
+    aqp.connect(b.dev.addr(), &qa).unwrap();
+    qa.dest_qp_num = aqp.qp_num();
+    qa.sq_psn = pb;
+    qa.rq_psn = pa;
+    qp.connect(a.dev.addr(), &qa).unwrap();
+    let buf = b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    let sge = [buf.sge(0, 64)];
+    let wait_readable = |ms: i32| {
+        let mut p = libc::pollfd {
+            fd: ch.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+    };
+    for round in 0..2 {
+        qp.post_recv(&RecvWr {
+            wr_id: round,
+            sg_list: &sge,
+        })
+        .unwrap();
+        // Round 1 arms the CQ (an event-driven application); round 0 does not: then no event
+        // will ever be pending, and only the datagram can make the descriptor readable.
+        if round == 1 {
+            cq.req_notify(false);
+        }
+        // b polls once (an active poller: its engine thread leaves the socket alone), then a
+        // sends.
+        b.dev.progress();
+        aqp.post_send(
+            &SendWr::new(round, WrOpcode::Send)
+                .inline(b"ping")
+                .flags(SendFlags::INLINE),
+        )
+        .unwrap();
+        assert!(
+            wait_readable(500),
+            "round {round}: the channel fd did not wake"
+        );
+        let mut got = None;
+        let t0 = std::time::Instant::now();
+        while got.is_none() && t0.elapsed() < Duration::from_secs(5) {
+            // Non-blocking: handles the datagram, and returns the event it fired if any.
+            match ch.get_event(Some(Duration::ZERO)).unwrap() {
+                Some(id) => got = Some(id),
+                None if round == 0 => break,
+                None => {
+                    wait_readable(100);
+                }
+            }
+        }
+        if round == 1 {
+            assert_eq!(got, Some(cq.id()), "no event for the armed CQ");
+        } else {
+            assert_eq!(got, None, "an event without arming");
+        }
+        let mut wc = [EMPTY_WC; 4];
+        let mut n = cq.poll(&mut wc);
+        let t0 = std::time::Instant::now();
+        while n == 0 && t0.elapsed() < Duration::from_secs(5) {
+            n = cq.poll(&mut wc);
+        }
+        assert_eq!(n, 1, "round {round}: no receive completion");
+        assert_eq!((wc[0].wr_id, wc[0].status), (round, WcStatus::Success));
+    }
+}

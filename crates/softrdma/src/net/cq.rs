@@ -23,6 +23,9 @@ const ARM_SOLICITED: u8 = 2;
 #[derive(Debug)]
 pub struct ChannelCore {
     fd: OwnedFd,
+    /// With [`ChannelCore::watching`]: an epoll instance holding `fd` and a device's socket,
+    /// the descriptor the application waits on.
+    poll_fd: Option<OwnedFd>,
     events: Mutex<VecDeque<u64>>,
     cap: usize,
 }
@@ -44,14 +47,46 @@ impl ChannelCore {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(ChannelCore {
             fd,
+            poll_fd: None,
             events: Mutex::new(VecDeque::with_capacity(cap)),
             cap,
         })
     }
 
-    /// The eventfd: readable while events are pending.
+    /// A channel whose descriptor ([`ChannelCore::raw_fd`]) is also readable while datagrams
+    /// wait on `socket` (a busy-poll device's): an application that sleeps in its own
+    /// poll/epoll on it wakes for the packet itself, and a non-blocking
+    /// [`ChannelCore::get_event_driving`] then handles the packet (and takes the event it
+    /// completes) in that same wake-up, instead of the engine thread waking first to handle
+    /// it and then waking the application. The descriptor is an epoll instance holding the
+    /// eventfd and `socket`; readable no longer means an event is pending.
+    pub fn watching(cap: usize, socket: RawFd) -> io::Result<ChannelCore> {
+        let mut ch = ChannelCore::new(cap)?;
+        // SAFETY: epoll_create1 has no memory arguments; the flag is valid.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ep` is a fresh descriptor we own.
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        for fd in [ch.fd.as_raw_fd(), socket] {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: fd as u64,
+            };
+            // SAFETY: valid epoll and target descriptors; `ev` is a live epoll_event.
+            if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        ch.poll_fd = Some(ep);
+        Ok(ch)
+    }
+
+    /// The descriptor to wait on: readable while events are pending (and, for a channel made
+    /// by [`ChannelCore::watching`], while datagrams wait on its socket).
     pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.poll_fd.as_ref().unwrap_or(&self.fd).as_raw_fd()
     }
 
     fn notify(&self, cq: u64) {
@@ -97,6 +132,9 @@ impl ChannelCore {
         // After a drive that handled nothing (another thread holds the receive path), the
         // socket is not watched for one wait, so that a readable socket cannot spin this loop.
         let mut watch = true;
+        // A call that may not wait (a non-blocking descriptor) still drives once: the caller
+        // may have woken for a datagram (see `watching`) whose handling fires the event.
+        let mut drove = false;
         loop {
             // The application may have made the fd blocking (libibverbs' channels start so):
             // a thread that also drives the socket reads only once the fd is readable.
@@ -118,6 +156,14 @@ impl ChannelCore {
             }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             if left == Some(Duration::ZERO) {
+                if let Some((_, f)) = drive
+                    && !drove
+                {
+                    drove = true;
+                    if f() > 0 {
+                        continue;
+                    }
+                }
                 return Ok(None);
             }
             let mut ms = left.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);

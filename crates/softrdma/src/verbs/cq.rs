@@ -16,7 +16,11 @@ pub struct CompChannel {
 }
 
 impl CompChannel {
-    /// The file descriptor.
+    /// The descriptor to wait on with poll/epoll or async code: readable while an event is
+    /// pending and, on a busy-poll device, also while datagrams wait on the device's socket.
+    /// When it is readable, call [`CompChannel::get_event`] with a zero timeout: it handles
+    /// what arrived (so the packet that completes the CQ is handled by the thread that woke,
+    /// in that wake-up) and returns the event, or `None` if nothing fired.
     pub fn fd(&self) -> RawFd {
         self.core.raw_fd()
     }

@@ -250,8 +250,16 @@ impl Device {
 
     /// Create a completion channel.
     pub fn create_comp_channel(&self) -> Result<super::CompChannel, VerbsError> {
+        let engine = &self.inner.engine;
+        // In busy-poll mode nobody receives for a thread asleep on the channel but the engine
+        // thread: the channel's descriptor watches the socket too, so that the thread wakes
+        // for the packet itself (see `ChannelCore::watching`).
+        let core = match engine.mode() {
+            PollMode::BusyPoll => ChannelCore::watching(1024, engine.socket_fd())?,
+            PollMode::Blocking => ChannelCore::new(1024)?,
+        };
         Ok(super::CompChannel {
-            core: Arc::new(ChannelCore::new(1024)?),
+            core: Arc::new(core),
             device: self.clone(),
         })
     }
