@@ -79,12 +79,18 @@ impl SendSide {
                 if sqd {
                     return ReqOutput::Idle;
                 }
-                let in_flight = self.rd_atomic_in_flight();
-                if w.flags.contains(SendFlags::FENCE) && in_flight > 0 {
-                    return ReqOutput::Idle;
-                }
-                if w.op.is_rd_atomic() && in_flight >= usize::from(self.max_rd_atomic) {
-                    return ReqOutput::Idle;
+                // Counting the READs and atomics in flight walks every unacknowledged WQE
+                // (cold memory, and many of them once unsignaled messages are acknowledged
+                // lazily): only a fenced WQE or a READ/atomic needs the count.
+                let fenced = w.flags.contains(SendFlags::FENCE);
+                if fenced || w.op.is_rd_atomic() {
+                    let in_flight = self.rd_atomic_in_flight();
+                    if fenced && in_flight > 0 {
+                        return ReqOutput::Idle;
+                    }
+                    if w.op.is_rd_atomic() && in_flight >= usize::from(self.max_rd_atomic) {
+                        return ReqOutput::Idle;
+                    }
                 }
                 if w.op.is_local() {
                     let st = execute_local(w, actx, mem);
