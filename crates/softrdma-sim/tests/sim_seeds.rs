@@ -86,6 +86,26 @@ fn seeds() {
     );
 }
 
+/// Seeds that failed in longer runs (`SOFTRDMA_SEEDS=5000 SOFTRDMA_SEED_BASE=100000`), kept
+/// as regression cases. 103950: a NAK-sequence go-back-N that had nothing to resend (every
+/// response from there on had arrived) left the retransmission timer unarmed while the
+/// re-request of a READ's hole, lost, was the only thing outstanding: the READ never
+/// completed.
+const FOUND: &[u64] = &[103950];
+
+#[test]
+fn seeds_found_in_longer_runs() {
+    for &seed in FOUND {
+        let r = run_seed(seed, MAX_STEPS);
+        assert!(
+            r.violations.is_empty(),
+            "{}: {:?}",
+            describe(&r),
+            r.violations
+        );
+    }
+}
+
 #[test]
 fn one_seed() {
     let Some(seed) = env_u64("SOFTRDMA_SEED") else {

@@ -138,15 +138,18 @@ impl SendSide {
         }
     }
 
-    /// Start a counted go-back-N retransmission from `comp_psn`. Returns the error when the
-    /// retry budget is exhausted (the WQE is then finished with `RetryExcErr`).
-    pub fn retry(&mut self) -> Result<(), WcStatus> {
+    /// Start a counted go-back-N retransmission from `comp_psn` at `now`. Returns the error
+    /// when the retry budget is exhausted (the WQE is then finished with `RetryExcErr`).
+    pub fn retry(&mut self, now: u64) -> Result<(), WcStatus> {
         let p = self.comp_psn;
-        self.retry_from(p)
+        self.retry_from(p, now)
     }
 
-    /// A counted go-back-N from `p`, or from `comp_psn` if that is later.
-    fn retry_from(&mut self, p: Psn) -> Result<(), WcStatus> {
+    /// A counted go-back-N from `p`, or from `comp_psn` if that is later. The retransmission
+    /// timer restarts now: the go-back-N may send nothing at all (every response from there
+    /// on may have arrived already, with only a hole re-request, itself lost, outstanding),
+    /// and a timer left unarmed while requests are outstanding would wait forever.
+    fn retry_from(&mut self, p: Psn, now: u64) -> Result<(), WcStatus> {
         if self.retry_left == 0 {
             if let Some(s) = self.first_pending() {
                 self.sq.get_mut(s).done = Some(WcStatus::RetryExcErr);
@@ -160,7 +163,7 @@ impl SendSide {
             self.comp_psn
         };
         self.rewind(from);
-        self.retrans_deadline = None;
+        self.arm(now);
         Ok(())
     }
 
@@ -226,7 +229,7 @@ impl SendSide {
                             return Ok(());
                         }
                         c.retransmits += 1;
-                        self.retry_from(p)?;
+                        self.retry_from(p, now)?;
                         self.nak_retry_psn = Some(p);
                     }
                     Syndrome::Nak(code) => {
@@ -381,6 +384,11 @@ impl SendSide {
     pub fn handle_timeout(&mut self, now: u64, c: &mut CompCounters) -> Result<(), WcStatus> {
         if self.rnr_deadline.is_some_and(|d| d <= now) {
             self.rnr_deadline = None;
+            // The retransmission timer was off during the back-off; it runs again from now
+            // (the resend may skip everything, as after a NAK: see `retry_from`).
+            if self.retrans_deadline.is_none() {
+                self.arm(now);
+            }
         }
         if self.retrans_deadline.is_some_and(|d| d <= now) {
             self.retrans_deadline = None;
@@ -398,7 +406,7 @@ impl SendSide {
                 // Silence may mean a responder swamped by the last window: go back with a
                 // small one and let acknowledgements open it again.
                 self.cwnd = RESTART_WINDOW;
-                self.retry()?;
+                self.retry(now)?;
             }
         }
         Ok(())
