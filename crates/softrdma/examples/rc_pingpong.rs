@@ -7,7 +7,9 @@
 //! ```
 //! Options as the C tool: `-p PORT` (18515), `-s SIZE` (4096), `-n ITERS` (1000),
 //! `-r RX_DEPTH` (500), `-m MTU` (1024), `-e` (sleep on a completion channel), `-g IDX`
-//! (accepted for compatibility; the GID is the device address).
+//! (accepted for compatibility; the GID is the device address). `--poll-fd` sleeps as an
+//! epoll or async application does instead: a busy-poll device, `poll(2)` on the channel's
+//! descriptor and a non-blocking `get_event` when it is readable (implies `-e`).
 
 use std::net::{IpAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -24,11 +26,12 @@ struct Opts {
     rx_depth: u32,
     mtu: Mtu,
     events: bool,
+    poll_fd: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: rc_pingpong [--local IP] [-p port] [-s size] [-n iters] [-r rx_depth] [-m mtu] [-e] [-g idx] [server]"
+        "usage: rc_pingpong [--local IP] [-p port] [-s size] [-n iters] [-r rx_depth] [-m mtu] [-e] [--poll-fd] [-g idx] [server]"
     );
     std::process::exit(2)
 }
@@ -43,6 +46,7 @@ fn parse() -> Opts {
         rx_depth: 500,
         mtu: Mtu::Mtu1024,
         events: false,
+        poll_fd: false,
     };
     let mut a = std::env::args().skip(1);
     while let Some(x) = a.next() {
@@ -67,6 +71,10 @@ fn parse() -> Opts {
                 }
             }
             "-e" => o.events = true,
+            "--poll-fd" => {
+                o.events = true;
+                o.poll_fd = true;
+            }
             s if !s.starts_with('-') => o.server = Some(s.to_owned()),
             _ => usage(),
         }
@@ -80,7 +88,7 @@ const SEND_WRID: u64 = 2;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let o = parse();
     let mut cfg = DeviceConfig::new(o.local);
-    cfg.mode = if o.events {
+    cfg.mode = if o.events && !o.poll_fd {
         PollMode::Blocking
     } else {
         PollMode::BusyPoll
@@ -180,7 +188,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if Instant::now() > deadline {
             return Err("timed out".into());
         }
-        if o.events && ch.get_event(Some(Duration::from_secs(30)))?.is_some() {
+        if o.poll_fd {
+            // Sleep until the descriptor is readable (an event, or on a busy-poll device a
+            // datagram), then take what is there without waiting.
+            let mut p = libc::pollfd {
+                fd: ch.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, 1000) };
+            if ch.get_event(Some(Duration::ZERO))?.is_some() {
+                cq.req_notify(false);
+            }
+        } else if o.events && ch.get_event(Some(Duration::from_secs(30)))?.is_some() {
             cq.req_notify(false);
         }
         let n = cq.poll(&mut wc);

@@ -1,5 +1,5 @@
-//! The examples run as separate processes: the three-process spin-lock, rc_pingpong (busy-poll
-//! and event mode) and write_bw.
+//! The examples run as separate processes: the three-process spin-lock, rc_pingpong (busy-poll,
+//! event mode, and sleeping in poll(2) on the channel's descriptor) and write_bw.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -77,7 +77,11 @@ fn spinlock_shared_by_three_processes_protects_the_counter() {
 
 #[test]
 fn rc_pingpong_server_and_client() {
-    for (port, extra) in [("19101", None), ("19102", Some("-e"))] {
+    for (port, extra) in [
+        ("19101", None),
+        ("19102", Some("-e")),
+        ("19103", Some("--poll-fd")),
+    ] {
         let mut args = vec!["-p", port, "-s", "4096", "-n", "200"];
         args.extend(extra);
         let server = Command::new(example("rc_pingpong"))

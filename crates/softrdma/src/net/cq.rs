@@ -136,9 +136,11 @@ impl ChannelCore {
         // may have woken for a datagram (see `watching`) whose handling fires the event.
         let mut drove = false;
         loop {
-            // The application may have made the fd blocking (libibverbs' channels start so):
-            // a thread that also drives the socket reads only once the fd is readable.
-            if drive.is_none() || self.readable() {
+            // The application may have made the eventfd blocking (libibverbs' channels start
+            // so): a thread that also drives the socket reads it only once it is readable. A
+            // `watching` channel hands out its epoll descriptor instead, so its eventfd stays
+            // non-blocking and is read at once.
+            if drive.is_none() || self.poll_fd.is_some() || self.readable() {
                 let mut v: u64 = 0;
                 // SAFETY: reads 8 bytes into a live u64 from our eventfd.
                 let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
@@ -291,7 +293,7 @@ impl CqCore {
 
     /// Completions waiting.
     pub fn len(&self) -> usize {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.queued.load(Ordering::Acquire)
     }
 
     /// True when none is waiting.

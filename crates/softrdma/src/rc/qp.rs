@@ -444,10 +444,9 @@ impl Qp {
             if out == RespOutcome::Fatal {
                 self.enter_error();
             }
-            self.lazy_ack_at = match self.recv.unacked() {
-                Some(_) => Some(self.lazy_ack_at.unwrap_or(now + super::LAZY_ACK_NS)),
-                None => None,
-            };
+            // Due LAZY_ACK_NS after the first request left unacknowledged.
+            let due = self.lazy_ack_at.unwrap_or(now + super::LAZY_ACK_NS);
+            self.lazy_ack_at = self.recv.unacked().map(|_| due);
         } else if self.state != QpState::Rtr {
             let r =
                 self.send
