@@ -61,8 +61,12 @@ struct Pair {
     from_b: IcrcPrefix,
     /// a's packets of one message (bytes as on the wire once the lent payloads are put in).
     wire: Vec<Vec<u8>>,
-    /// Per packet: where the lent payload goes, and the pieces.
-    lent: Vec<(usize, Vec<softrdma::mem::Lent>)>,
+    /// Per packet: where the lent payload goes, the pieces and their guards.
+    #[allow(clippy::type_complexity)]
+    lent: Vec<(
+        usize,
+        (Vec<softrdma::mem::LentSlice>, Vec<softrdma::mem::Lent>),
+    )>,
     buf: Vec<u8>,
     gather: Gather,
 }
@@ -109,7 +113,7 @@ fn pair() -> Pair {
         from_a: IcrcPrefix::new(IcrcContext::v4(IA, IB, port(0x11))),
         from_b: IcrcPrefix::new(IcrcContext::v4(IB, IA, port(0x22))),
         wire: (0..32).map(|_| Vec::with_capacity(5000)).collect(),
-        lent: (0..32).map(|_| (0, Vec::new())).collect(),
+        lent: (0..32).map(|_| (0, (Vec::new(), Vec::new()))).collect(),
         buf: vec![0u8; 8192],
         gather: Gather::default(),
     }
@@ -161,12 +165,12 @@ impl Pair {
             let w = &mut self.wire[k];
             w.clear();
             w.extend_from_slice(&self.buf[..n]);
-            let split = if self.gather.pieces.is_empty() {
+            let split = if self.gather.is_empty() {
                 n
             } else {
                 self.gather.split
             };
-            self.lent[k] = (split, std::mem::take(&mut self.gather.pieces));
+            self.lent[k] = (split, self.gather.take());
             k += 1;
         }
         k
@@ -175,18 +179,20 @@ impl Pair {
     /// Put the lent payloads of the last request's packets in place (the kernel's copy).
     fn gather_wire(&mut self, packets: usize) {
         for k in 0..packets {
-            let (split, pieces) = &mut self.lent[k];
+            let (split, (pieces, guards)) = &mut self.lent[k];
             if pieces.is_empty() {
                 continue;
             }
             let mut payload = Vec::new();
             for p in pieces.drain(..) {
                 let v = p.iovec();
-                // SAFETY: the lent bytes lie in a region the table keeps mapped while `p`
-                // lives, and nothing writes them during the benchmark.
+                // SAFETY: the lent bytes lie in a region the table keeps mapped while their
+                // guards (`guards`, dropped below) live, and nothing writes them during the
+                // benchmark.
                 let s = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
                 payload.extend_from_slice(s);
             }
+            guards.clear();
             let w = &mut self.wire[k];
             let tail = w.split_off(*split);
             w.extend_from_slice(&payload);

@@ -174,7 +174,7 @@ impl World {
         let len =
             self.b
                 .poll_transmit_gather(0, &self.mem, &mut self.buf, &mut self.gather, hold)?;
-        assert!(self.gather.pieces.is_empty(), "nothing here is lent");
+        assert!(self.gather.is_empty(), "nothing here is lent");
         let ctx = IcrcContext::v4(IB, IA, port(0x22));
         let pkt = Packet::parse_verified(&ctx, &self.buf[..len]).unwrap();
         let kind = pkt.hdr.bth.opcode.info().unwrap().kind;

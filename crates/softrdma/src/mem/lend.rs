@@ -68,19 +68,79 @@ impl Lent {
 
     /// Feed the bytes to a CRC (the packet's ICRC).
     pub fn crc_update(&self, h: &mut crc32fast::Hasher) {
+        // SAFETY: the whole lent range, while its guard (`self`) lives.
+        unsafe { self.whole().crc_update(h) }
+    }
+
+    /// The bytes as an `iovec` for `sendmmsg` (valid while `self` lives).
+    pub fn iovec(&self) -> libc::iovec {
+        self.whole().iovec()
+    }
+
+    /// All the lent bytes, as a [`LentSlice`] valid while `self` lives.
+    pub fn whole(&self) -> LentSlice {
+        LentSlice {
+            ptr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+/// Bytes inside a lent range, named without a guard of their own: they stay in place while
+/// the [`Lent`] they were cut from lives. Whoever holds one keeps that guard alive as long
+/// (a transmit batch holds the guards of every slice it sends). One lend can so cover the
+/// payloads of many packets: the region's locks and counts are taken once, not per packet.
+#[derive(Clone, Copy, Debug)]
+pub struct LentSlice {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a plain address range; reading through it requires the guard it was cut from
+// (`crc_update` is unsafe for that reason), which is `Send` and `Sync` itself.
+unsafe impl Send for LentSlice {}
+// SAFETY: as above.
+unsafe impl Sync for LentSlice {}
+
+impl LentSlice {
+    /// Bytes named.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no byte is named.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `len` bytes at `off` of this slice, or `None` when they lie outside it.
+    pub fn sub(&self, off: usize, len: usize) -> Option<LentSlice> {
+        let end = off.checked_add(len)?;
+        (end <= self.len).then(|| LentSlice {
+            ptr: self.ptr.wrapping_add(off),
+            len,
+        })
+    }
+
+    /// Feed the bytes to a CRC (the packet's ICRC).
+    ///
+    /// # Safety
+    /// The [`Lent`] this slice was cut from must still be alive.
+    pub unsafe fn crc_update(&self, h: &mut crc32fast::Hasher) {
         if self.len == 0 {
             return;
         }
-        // SAFETY: `ptr..ptr+len` was validated inside a live region whose backing the engine
-        // keeps mapped (plain memory) and cannot replace or release while this guard is
-        // outstanding. The application may write the bytes concurrently, as on any NIC: the
-        // checksum then covers some mix of old and new bytes, and a packet whose bytes change
-        // before the kernel copies them fails its ICRC at the receiver and is sent again.
+        // SAFETY: `ptr..ptr+len` lies in a range validated inside a live region whose backing
+        // the engine keeps mapped (plain memory) and cannot replace or release while the
+        // guard it was cut from is outstanding, which the caller guarantees. The application
+        // may write the bytes concurrently, as on any NIC: the checksum then covers some mix
+        // of old and new bytes, and a packet whose bytes change before the kernel copies them
+        // fails its ICRC at the receiver and is sent again.
         let s = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
         h.update(s);
     }
 
-    /// The bytes as an `iovec` for `sendmmsg` (valid while `self` lives).
+    /// The bytes as an `iovec` for `sendmmsg` (valid while the guard it was cut from lives).
     pub fn iovec(&self) -> libc::iovec {
         libc::iovec {
             iov_base: self.ptr as *mut libc::c_void,

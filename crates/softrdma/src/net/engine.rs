@@ -195,10 +195,7 @@ impl QpCell {
                 qp,
                 peer: None,
                 tx: qp_tx_batch(max),
-                gather: Gather {
-                    pieces: Vec::with_capacity(LEND_MAX_PIECES),
-                    split: 0,
-                },
+                gather: Gather::with_capacity(LEND_MAX_PIECES),
                 deltas: Vec::with_capacity(4),
                 held_ack: HeldAck::default(),
             }),
@@ -548,9 +545,12 @@ impl Engine {
             ..
         } = body;
         let mut built_n = 0;
+        let mut zero_copy = 0;
         let max = qp.max_packet_len();
         let v4 = dst.is_ipv4();
         let mem: &MemoryTable = &self.mem;
+        // Payloads lent in an earlier run are lent again (the region may have changed since).
+        gather.forget_anchor();
         loop {
             // A transmit poll that cannot produce anything costs as much as one that does
             // (it runs cold, after the kernel's receive path, on a latency's critical path).
@@ -570,9 +570,7 @@ impl Engine {
                 Some((0, _, _)) => break,
                 Some((wire, n, k)) => {
                     built_n += 1;
-                    if wire > n {
-                        self.counters.tx_zero_copy.fetch_add(1, Ordering::Relaxed);
-                    }
+                    zero_copy += usize::from(wire > n);
                     if k > 0 && v4 {
                         fix_icrc_for_id(deltas, tx.last_packet_mut(n), wire, k);
                     }
@@ -584,6 +582,11 @@ impl Engine {
                     self.flush(tx);
                 }
             }
+        }
+        if zero_copy > 0 {
+            self.counters
+                .tx_zero_copy
+                .fetch_add(zero_copy as u64, Ordering::Relaxed);
         }
         built_n
     }

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use crate::mem::Lent;
+use crate::mem::{Lent, LentSlice};
 use crate::rc::Gather;
 use crate::rc::requester::LEND_MAX_PIECES;
 
@@ -225,17 +225,25 @@ struct Span {
     end: usize,
 }
 
-/// A piece of a datagram: bytes of the arena, or bytes lent from a registered region.
+/// A piece of a datagram: bytes of the arena, or bytes lent from a registered region (kept in
+/// place by one of the batch's guards).
 #[derive(Clone, Copy, Debug)]
 enum Piece {
     Arena { start: usize, len: usize },
-    Lent(usize),
+    Lent(LentSlice),
 }
 
 /// Lent pieces a batch holds at most before it must be sent (a quarter of a MiB of payload at
 /// the largest path MTU: four GSO datagrams per system call): lent bytes stay in place, and
 /// changes to their regions wait, until the batch is sent.
 const MAX_LENT: usize = 64;
+
+/// Epochs of transmit batches: a batch starts a new one whenever it lets go of its guards.
+static NEXT_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_epoch() -> u64 {
+    NEXT_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// A reusable batch of outgoing datagrams. Packets are built in place in its arena
 /// ([`TxBatch::push_packet`]), or built there around a payload lent from registered memory
@@ -247,7 +255,12 @@ pub struct TxBatch {
     arena: Vec<u8>,
     spans: Vec<Span>,
     pieces: Vec<Piece>,
+    /// Guards of the lent pieces (one may cover several pieces).
     lent: Vec<Lent>,
+    /// Lent pieces queued.
+    nlent: usize,
+    /// Changes whenever `lent` is let go of (see [`crate::rc::Gather`]).
+    epoch: u64,
     addrs: Vec<SockAddr>,
     dsts: Vec<SocketAddr>,
     iovs: Vec<libc::iovec>,
@@ -286,6 +299,8 @@ impl TxBatch {
             spans: vec![Span::default(); datagrams],
             pieces: Vec::with_capacity(pieces),
             lent: Vec::with_capacity(MAX_LENT),
+            nlent: 0,
+            epoch: next_epoch(),
             addrs: vec![SockAddr::from(unspecified); datagrams],
             dsts: vec![unspecified; datagrams],
             // SAFETY: iovec and mmsghdr are plain C structs for which all-zero is a valid value.
@@ -340,7 +355,11 @@ impl TxBatch {
         self.closed = 0;
         self.used = 0;
         self.pieces.clear();
-        self.lent.clear();
+        self.nlent = 0;
+        if !self.lent.is_empty() {
+            self.lent.clear();
+            self.epoch = next_epoch();
+        }
     }
 
     /// Queue a copy of `data` to `dst` as one datagram; `segment` > 0 asks for GSO with that
@@ -432,14 +451,13 @@ impl TxBatch {
                 && s.len == usize::from(s.seg) * usize::from(s.nseg)
                 && s.len + max <= MAX_DATAGRAM
         };
-        gather.pieces.clear();
+        gather.begin(self.epoch);
         let n = build(&mut self.arena[start..start + max], gather).min(max);
         if n == 0 {
-            gather.pieces.clear();
+            gather.clear();
             return Some((0, 0, 0));
         }
-        let lent: usize = gather.pieces.iter().map(Lent::len).sum();
-        let wire = n + lent;
+        let wire = n + gather.lent_bytes();
         let k = match joinable {
             true if wire <= usize::from(self.spans[self.len - 1].seg) => {
                 let s = &mut self.spans[self.len - 1];
@@ -452,16 +470,21 @@ impl TxBatch {
                 0
             }
         };
-        if gather.pieces.is_empty() {
+        if gather.is_empty() {
             self.add_arena(start, n);
         } else {
             let split = gather.split.min(n);
             self.add_arena(start, split);
-            for l in gather.pieces.drain(..) {
-                self.pieces.push(Piece::Lent(self.lent.len()));
-                self.lent.push(l);
-                self.spans[self.len - 1].end += 1;
-            }
+            let span = &mut self.spans[self.len - 1];
+            let (pieces, lent, nlent) = (&mut self.pieces, &mut self.lent, &mut self.nlent);
+            gather.commit(
+                |p| {
+                    pieces.push(Piece::Lent(p));
+                    *nlent += 1;
+                    span.end += 1;
+                },
+                |g| lent.push(g),
+            );
             // The tail is never merged into the header before it: the pieces sit between.
             self.pieces.push(Piece::Arena {
                 start: start + split,
@@ -524,7 +547,7 @@ impl TxBatch {
     pub fn has_room(&self, max: usize) -> bool {
         max <= self.free_bytes()
             && self.len < self.spans.len()
-            && self.lent.len() + LEND_MAX_PIECES <= MAX_LENT
+            && self.nlent + LEND_MAX_PIECES <= MAX_LENT
     }
 
     /// The queued datagrams as they would go out: bytes, segment size, segments.
@@ -566,7 +589,7 @@ impl TxBatch {
                         iov_base: self.arena[start..].as_mut_ptr().cast(),
                         iov_len: len,
                     },
-                    Piece::Lent(j) => self.lent[j].iovec(),
+                    Piece::Lent(p) => p.iovec(),
                 };
             }
             if self.addrs[i].as_socket() != Some(self.dsts[i]) {
@@ -942,7 +965,7 @@ mod tests {
                         for k in 0..pieces {
                             let a = at + 100 * k as u64;
                             let l = t.lend(ctx, mr.lkey, mr.iova + a, 100, Access::NONE);
-                            g.pieces.push(l.unwrap().unwrap());
+                            g.push(l.unwrap().unwrap());
                         }
                         g.split = 10;
                         16
@@ -1024,7 +1047,7 @@ mod tests {
                 Some(at) => {
                     buf[..16].fill(tag);
                     let l = t.lend(ctx, mr.lkey, mr.iova + at, 1000, Access::NONE);
-                    g.pieces.push(l.unwrap().unwrap());
+                    g.push(l.unwrap().unwrap());
                     g.split = 10;
                     16
                 }
@@ -1076,5 +1099,268 @@ mod tests {
         // Every loan was given back with the batch: deregistration does not wait.
         let back: Vec<u8> = t.dereg_mr(mr.lkey).unwrap().downcast().unwrap();
         assert_eq!(back, region);
+    }
+
+    /// A [`MemoryAccess`] that counts lends (and delegates everything to a table).
+    struct CountingLends<'a> {
+        t: &'a crate::mem::MemoryTable,
+        lends: std::cell::Cell<usize>,
+    }
+
+    impl crate::mem::MemoryAccess for CountingLends<'_> {
+        fn check(
+            &self,
+            c: crate::mem::AccessCtx,
+            k: u32,
+            i: u64,
+            l: u64,
+            a: crate::mem::Access,
+        ) -> Result<(), crate::mem::AccessError> {
+            self.t.check(c, k, i, l, a)
+        }
+        fn write(
+            &self,
+            c: crate::mem::AccessCtx,
+            k: u32,
+            i: u64,
+            d: &[u8],
+            a: crate::mem::Access,
+        ) -> Result<(), crate::mem::AccessError> {
+            self.t.write(c, k, i, d, a)
+        }
+        fn read(
+            &self,
+            c: crate::mem::AccessCtx,
+            k: u32,
+            i: u64,
+            o: &mut [u8],
+            a: crate::mem::Access,
+        ) -> Result<(), crate::mem::AccessError> {
+            self.t.read(c, k, i, o, a)
+        }
+        fn lend(
+            &self,
+            c: crate::mem::AccessCtx,
+            k: u32,
+            i: u64,
+            l: u64,
+            a: crate::mem::Access,
+        ) -> Result<Option<Lent>, crate::mem::AccessError> {
+            self.lends.set(self.lends.get() + 1);
+            self.t.lend(c, k, i, l, a)
+        }
+        fn atomic(
+            &self,
+            c: crate::mem::AccessCtx,
+            k: u32,
+            i: u64,
+            op: crate::mem::AtomicOp,
+        ) -> Result<u64, crate::mem::AccessError> {
+            self.t.atomic(c, k, i, op)
+        }
+        fn invalidate(
+            &self,
+            c: crate::mem::AccessCtx,
+            k: u32,
+        ) -> Result<(), crate::mem::AccessError> {
+            self.t.invalidate(c, k)
+        }
+        fn bind_mw(
+            &self,
+            c: crate::mem::AccessCtx,
+            mw: u32,
+            new: u32,
+            mr: u32,
+            i: u64,
+            l: u64,
+            a: crate::mem::Access,
+        ) -> Result<(), crate::mem::AccessError> {
+            self.t.bind_mw(c, mw, new, mr, i, l, a)
+        }
+    }
+
+    /// Deregister `lkey` of `t`, failing the test if that waits for more than five seconds
+    /// (a loan that was never given back).
+    fn dereg_promptly(t: &std::sync::Arc<crate::mem::MemoryTable>, lkey: u32) -> Vec<u8> {
+        let (done, wait) = std::sync::mpsc::channel();
+        let t2 = std::sync::Arc::clone(t);
+        std::thread::spawn(move || {
+            let back: Vec<u8> = t2.dereg_mr(lkey).unwrap().downcast().unwrap();
+            let _ = done.send(back);
+        });
+        wait.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("deregistration waited for a loan nobody holds")
+    }
+
+    /// The packets of one message cut their payloads from the lend its first packet made of
+    /// the rest of the entry, while the batch holds that lend; a new epoch (the batch sent),
+    /// another message, a forgotten anchor or a failed packet each make the next packet lend
+    /// again, and every byte still comes from the right place.
+    #[test]
+    fn one_lend_serves_the_packets_of_a_message_while_the_batch_holds_it() {
+        use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryTable};
+        let t = std::sync::Arc::new(
+            MemoryTable::new(MemConfig {
+                pin_mode: crate::mem::PinMode::OnDemand,
+                ..MemConfig::default()
+            })
+            .unwrap(),
+        );
+        let pd = t.alloc_pd().unwrap();
+        let region: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
+        let mr = t
+            .reg_mr(
+                pd,
+                MemSource::owned(region.clone()),
+                Access::LOCAL_WRITE,
+                None,
+            )
+            .unwrap();
+        let ctx = AccessCtx { pd, qpn: 1 };
+        let mem = CountingLends {
+            t: &t,
+            lends: std::cell::Cell::new(0),
+        };
+        let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut tx = TxBatch::new(8, 8 * 1100);
+        let mut g = Gather::default();
+        // Packet `k` of message `tag`: a 4-byte header, 1000 bytes at `at`, the entry going on
+        // to `end`; `fail` drops the payload as a failed build does.
+        let push = |tx: &mut TxBatch, g: &mut Gather, tag: u64, at: u64, end: u64, fail| {
+            let r = tx.push_packet_gather(dst, 1100, g, |buf, g| {
+                buf[..4].fill(tag as u8);
+                let ahead = end - at - 1000;
+                let ok = g.lend(
+                    &mem,
+                    tag,
+                    ctx,
+                    mr.lkey,
+                    mr.iova + at,
+                    1000,
+                    ahead,
+                    Access::NONE,
+                );
+                assert_eq!(ok, Ok(true));
+                if fail {
+                    g.clear();
+                    return 0;
+                }
+                g.split = 4;
+                4
+            });
+            r.unwrap().0
+        };
+        let want = |tag: u8, at: usize| [&[tag; 4][..], &region[at..at + 1000]].concat();
+        // Message 1: four packets, one lend (of all 4000 bytes).
+        for k in 0..4 {
+            assert_eq!(push(&mut tx, &mut g, 1, k * 1000, 4000, false), 1004);
+        }
+        assert_eq!(mem.lends.get(), 1);
+        // Message 2, from the same region: its own lend.
+        assert_eq!(push(&mut tx, &mut g, 2, 4000, 6000, false), 1004);
+        assert_eq!(mem.lends.get(), 2);
+        assert_eq!(push(&mut tx, &mut g, 2, 5000, 6000, false), 1004);
+        assert_eq!(mem.lends.get(), 2);
+        let got = tx.datagrams();
+        let bytes: Vec<u8> = got.iter().flat_map(|d| d.0.clone()).collect();
+        let expect: Vec<u8> = [
+            (1, 0),
+            (1, 1000),
+            (1, 2000),
+            (1, 3000),
+            (2, 4000),
+            (2, 5000),
+        ]
+        .iter()
+        .flat_map(|&(tag, at)| want(tag, at))
+        .collect();
+        assert!(
+            bytes == expect,
+            "the datagrams carry the region's bytes in order"
+        );
+        // The batch goes out (here: is cleared): the next packet of message 2 lends again.
+        tx.clear();
+        assert_eq!(push(&mut tx, &mut g, 2, 5000, 6000, false), 1004);
+        assert_eq!(mem.lends.get(), 3);
+        // A new run of the engine forgets the anchor.
+        g.forget_anchor();
+        assert_eq!(push(&mut tx, &mut g, 2, 5000, 6000, false), 1004);
+        assert_eq!(mem.lends.get(), 4);
+        // A packet whose build fails gives its lend (the anchor's) back at once.
+        tx.clear();
+        assert_eq!(push(&mut tx, &mut g, 3, 6000, 8000, true), 0);
+        assert_eq!(mem.lends.get(), 5);
+        assert!(tx.is_empty());
+        assert!(g.is_empty());
+        let back = dereg_promptly(&t, mr.lkey);
+        assert_eq!(back, region);
+    }
+
+    /// When the rest of the entry cannot be lent, the piece alone is (and fails as a lend of
+    /// it does); no anchor is kept, and nothing lent outlives the batch.
+    #[test]
+    fn a_piece_is_lent_alone_when_the_rest_of_its_entry_cannot_be() {
+        use crate::mem::{Access, AccessCtx, AccessError, MemConfig, MemSource, MemoryTable};
+        let t = std::sync::Arc::new(
+            MemoryTable::new(MemConfig {
+                pin_mode: crate::mem::PinMode::OnDemand,
+                ..MemConfig::default()
+            })
+            .unwrap(),
+        );
+        let pd = t.alloc_pd().unwrap();
+        let region: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let mr = t
+            .reg_mr(
+                pd,
+                MemSource::owned(region.clone()),
+                Access::LOCAL_WRITE,
+                None,
+            )
+            .unwrap();
+        let ctx = AccessCtx { pd, qpn: 1 };
+        let mem = CountingLends {
+            t: &t,
+            lends: std::cell::Cell::new(0),
+        };
+        let mut g = Gather::default();
+        // The entry claims 5000 bytes; the region has 3000.
+        for k in 0..3u64 {
+            let ahead = 5000 - (k + 1) * 1000;
+            let r = g.lend(
+                &mem,
+                7,
+                ctx,
+                mr.lkey,
+                mr.iova + k * 1000,
+                1000,
+                ahead,
+                Access::NONE,
+            );
+            assert_eq!(r, Ok(true), "packet {k}");
+            assert_eq!(g.lent_bytes(), 1000);
+            g.clear();
+        }
+        // Two lends per packet: the whole rest, refused, then the piece.
+        assert_eq!(mem.lends.get(), 6);
+        let r = g.lend(
+            &mem,
+            7,
+            ctx,
+            mr.lkey,
+            mr.iova + 3000,
+            1000,
+            1000,
+            Access::NONE,
+        );
+        // The piece itself lies outside the region: the error of a lend of it.
+        let want = AccessError::OutOfBounds {
+            key: mr.lkey,
+            iova: mr.iova + 3000,
+            len: 1000,
+        };
+        assert_eq!(r, Err(want));
+        assert!(g.is_empty());
+        assert_eq!(dereg_promptly(&t, mr.lkey), region);
     }
 }

@@ -26,6 +26,7 @@
 
 pub mod atomic_cache;
 pub mod completer;
+pub mod gather;
 pub mod psn_set;
 pub mod qp;
 pub mod qp_state;
@@ -38,12 +39,12 @@ pub mod sq;
 pub mod timer;
 pub mod wr;
 
+pub use gather::Gather;
 pub use qp::{Qp, QpCap, QpCounters, QpInit};
 pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
 pub use rq::Srq;
 pub use wr::{
-    Gather, MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
-    WrOpcode,
+    MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 /// Most PSNs the requester keeps unacknowledged (as rxe's window).

@@ -472,7 +472,7 @@ impl Qp {
 
     /// [`Qp::poll_transmit`], with request and READ response payloads from memory that can
     /// be lent left in place: see [`Gather`](super::Gather) for what the packet then is.
-    /// `gather.pieces` is empty after a packet built the usual way.
+    /// The gather is empty after a packet built the usual way.
     ///
     /// With `hold_ack`, a positive acknowledgement that is the only answer waiting is left
     /// queued (see [`Qp::holds_ack`]) and requests go out past it.
@@ -484,7 +484,7 @@ impl Qp {
         gather: &mut super::Gather,
         hold_ack: bool,
     ) -> Option<usize> {
-        gather.pieces.clear();
+        gather.clear();
         self.transmit(now, mem, buf, Some(gather), hold_ack)
     }
 

@@ -7,8 +7,9 @@
 //! fences, and local operations (LOCAL_INV, BIND_MW) executed in queue order.
 
 use super::ACK_REQ_EVERY;
+use super::gather::Gather;
 use super::sq::{SendSide, SendWqe};
-use super::wr::{Gather, SendFlags, WcStatus, WrOpcode};
+use super::wr::{SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
@@ -153,6 +154,7 @@ impl SendSide {
             let end_ack = self.wants_ack(w, psn);
             match build_request(
                 w,
+                seq,
                 self.req_pkt,
                 u32::MAX,
                 psn,
@@ -248,6 +250,7 @@ impl SendSide {
             let psn = r.psn;
             if let Ok((n, _, _)) = build_request(
                 w,
+                r.seq,
                 idx,
                 want,
                 psn,
@@ -347,6 +350,7 @@ fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(
 #[allow(clippy::too_many_arguments)]
 fn build_request(
     w: &SendWqe,
+    seq: u64,
     idx: u32,
     limit: u32,
     psn: Psn,
@@ -458,7 +462,7 @@ fn build_request(
     if let Some(g) = gather
         && !w.use_inline
         && plen >= LEND_MIN
-        && lend_payload(w, off, plen, actx, mem, g)?
+        && lend_payload(w, seq, off, plen, actx, mem, g)?
     {
         let n = emit_lent(&h, plen, icrc, buf, g)?;
         return Ok((n, ack_req, 1));
@@ -495,33 +499,30 @@ pub const LEND_MIN: usize = 1024;
 /// copied (this bounds a GSO datagram's `iovec` count well under the kernel's 1024).
 pub const LEND_MAX_PIECES: usize = 4;
 
-/// Lend the `plen` payload bytes at offset `off` of `w` into `g`. Returns false (lending
+/// Lend the `plen` payload bytes at offset `off` of `w` (the WQE of SQ sequence number `seq`)
+/// into `g`, each piece with the rest of its scatter/gather entry when that can be lent too
+/// (the later packets of the message cut their payloads from it). Returns false (lending
 /// nothing) when some piece must be copied instead.
 fn lend_payload(
     w: &SendWqe,
+    seq: u64,
     off: u64,
     plen: usize,
     actx: AccessCtx,
     mem: &dyn MemoryAccess,
     g: &mut Gather,
 ) -> Result<bool, LocalErr> {
-    g.pieces.clear();
+    g.clear();
     let mut copy = false;
     let walked = w.sges.for_each_piece(off, plen, |sge, soff, _, n| {
-        if copy || g.pieces.len() == LEND_MAX_PIECES {
+        if copy || g.len() == LEND_MAX_PIECES {
             copy = true;
             return Ok(());
         }
-        let l = mem.lend(
-            actx,
-            sge.lkey,
-            sge.addr.wrapping_add(soff),
-            n as u64,
-            Access::NONE,
-        )?;
-        match l {
-            Some(l) => g.pieces.push(l),
-            None => copy = true,
+        let ahead = u64::from(sge.length) - soff - n as u64;
+        let addr = sge.addr.wrapping_add(soff);
+        if !g.lend(mem, seq, actx, sge.lkey, addr, n, ahead, Access::NONE)? {
+            copy = true;
         }
         Ok(())
     });
@@ -531,7 +532,7 @@ fn lend_payload(
         Err(e) => Err(local_err(e)),
     };
     if r != Ok(true) {
-        g.pieces.clear();
+        g.clear();
     }
     r
 }
@@ -555,9 +556,9 @@ pub(crate) fn emit_lent(
         }
         buf[hl..hl + pad].fill(0);
         let (head, tail) = buf.split_at_mut(hl);
-        let pieces = &g.pieces;
+        let gathered = &*g;
         let crc = icrc.compute_with(head, hl + plen + pad, |c| {
-            pieces.iter().for_each(|p| p.crc_update(c));
+            gathered.crc_update(c);
             c.update(&tail[..pad]);
         });
         tail[pad..pad + ICRC_LEN].copy_from_slice(&crc.ok()?.to_le_bytes());
@@ -569,7 +570,7 @@ pub(crate) fn emit_lent(
             Ok(hl + pad + ICRC_LEN)
         }
         None => {
-            g.pieces.clear();
+            g.clear();
             Err(WcStatus::LocLenErr)
         }
     }

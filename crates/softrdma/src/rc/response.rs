@@ -1,13 +1,18 @@
 //! The responder's answers on the wire: ACKs, NAKs, RNR NAKs, atomic acknowledgements and
 //! READ response streams, emitted in PSN order from the queue the responder fills.
 
+use super::gather::Gather;
 use super::requester::{LEND_MIN, emit_lent, emit_sealed};
 use super::responder::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
-use super::wr::{Gather, WcStatus};
+use super::wr::WcStatus;
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcPrefix, NakCode, Opcode, Syndrome,
 };
+
+/// Anchor tags of READ responses (their MSN below), apart from the requester's (SQ sequence
+/// numbers, far below 2^63).
+const READ_RESPONSE_TAG: u64 = 1 << 63;
 
 impl RecvSide {
     /// Emit the next queued answer into `buf`. `Err(Fatal)` when a READ could not be served and
@@ -71,13 +76,15 @@ impl RecvSide {
                 let mut failed = None;
                 let lent = match gather {
                     Some(g) if plen as usize >= LEND_MIN => {
-                        match mem.lend(actx, rkey, va, u64::from(plen), Access::REMOTE_READ) {
-                            Ok(Some(l)) => {
-                                g.pieces.clear();
-                                g.pieces.push(l);
-                                Some(emit_lent(&h, plen as usize, icrc, buf, g))
-                            }
-                            Ok(None) => None,
+                        // The rest of the response is lent with this packet's payload (its
+                        // later packets cut theirs from it).
+                        g.clear();
+                        let ahead = u64::from(remaining - plen);
+                        let tag = READ_RESPONSE_TAG | u64::from(msn);
+                        let access = Access::REMOTE_READ;
+                        match g.lend(mem, tag, actx, rkey, va, plen as usize, ahead, access) {
+                            Ok(true) => Some(emit_lent(&h, plen as usize, icrc, buf, g)),
+                            Ok(false) => None,
                             Err(e) => {
                                 failed = Some(e);
                                 Some(Err(WcStatus::RemAccessErr))

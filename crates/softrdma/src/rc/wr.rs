@@ -1,7 +1,7 @@
 //! Work requests, scatter/gather entries and work completions, in the verbs vocabulary
 //! (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`, `ibv_wc`, `ibv_wc_status`).
 
-use crate::mem::{Access, Lent};
+use crate::mem::Access;
 
 /// Most scatter/gather entries a work request may carry (the QP's `max_send_sge`/`max_recv_sge`
 /// cap). Kept inline in the work queue entry so posting never allocates.
@@ -398,19 +398,4 @@ impl WorkCompletion {
     pub fn is_recv(&self) -> bool {
         self.opcode.is_recv()
     }
-}
-
-/// A payload (of a request or a READ response) sent from registered memory without copying it
-/// (zero-copy): after
-/// [`Qp::poll_transmit_gather`](super::Qp::poll_transmit_gather) returned a packet of `n`
-/// bytes with `pieces` not empty, the packet on the wire is `buf[..split]`, then the pieces
-/// in order, then `buf[split..n]` (pad and ICRC). The pieces keep their regions' bytes in
-/// place until they are dropped, which must follow the send closely (see
-/// [`Lent`]).
-#[derive(Debug, Default)]
-pub struct Gather {
-    /// The payload, in order.
-    pub pieces: Vec<Lent>,
-    /// Where the payload goes in the packet (the header length).
-    pub split: usize,
 }
