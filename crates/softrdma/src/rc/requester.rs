@@ -547,10 +547,8 @@ pub(crate) fn emit_lent(
     buf: &mut [u8],
     g: &mut Gather,
 ) -> Result<usize, WcStatus> {
-    let mut h = *h;
     let pad = usize::from(pad_for(plen));
-    h.bth.pad_cnt = pad as u8;
-    let sealed = h.emit(buf).ok().and_then(|hl| {
+    let sealed = h.emit_padded(pad as u8, buf).ok().and_then(|hl| {
         if buf.len() < hl + pad + ICRC_LEN {
             return None;
         }
@@ -584,9 +582,9 @@ pub(crate) fn emit_sealed<E: From<WcStatus>>(
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<usize, E> {
-    let mut h = *h;
-    h.bth.pad_cnt = pad_for(plen);
-    let hl = h.emit(buf).map_err(|_| WcStatus::LocLenErr)?;
+    let hl = h
+        .emit_padded(pad_for(plen), buf)
+        .map_err(|_| WcStatus::LocLenErr)?;
     if buf.len() < hl + plen {
         return Err(WcStatus::LocLenErr.into());
     }

@@ -147,6 +147,12 @@ impl HeaderRepr {
     /// Emit the headers at the start of `buf`; returns their length. The present extension
     /// headers must be exactly those the opcode calls for.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        self.emit_padded(self.bth.pad_cnt, buf)
+    }
+
+    /// [`HeaderRepr::emit`] with the BTH's pad count `pad` instead of its own (a packet
+    /// builder's headers are shared by its packets; the pad depends on each one's payload).
+    pub fn emit_padded(&self, pad: u8, buf: &mut [u8]) -> Result<usize> {
         let info = self.info()?;
         if self.headers() != info.headers {
             return Err(Error::FieldRange(
@@ -160,7 +166,9 @@ impl HeaderRepr {
                 have: buf.len(),
             });
         }
-        self.bth.emit(&mut Bth::new_unchecked(&mut buf[..]))?;
+        let mut bth = self.bth;
+        bth.pad_cnt = pad;
+        bth.emit(&mut Bth::new_unchecked(&mut buf[..]))?;
         let mut off = Bth::<&[u8]>::LEN;
         let mut next = |n: usize| {
             let r = off..off + n;
