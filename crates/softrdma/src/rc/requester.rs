@@ -13,7 +13,7 @@ use super::wr::{SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
-    AtomicEthRepr, BthRepr, HeaderRepr, Headers, ICRC_LEN, Icrc, IcrcPrefix, OpKind, Opcode,
+    AtomicEthRepr, Bth, BthRepr, HeaderRepr, Headers, ICRC_LEN, Icrc, IcrcPrefix, OpKind, Opcode,
     Position, Psn, RethRepr, Transport,
 };
 
@@ -362,10 +362,30 @@ fn build_request(
     mem: &dyn MemoryAccess,
     icrc: &IcrcPrefix,
     buf: &mut [u8],
-    gather: Option<&mut Gather>,
+    mut gather: Option<&mut Gather>,
 ) -> Result<(usize, bool, u32), LocalErr> {
     let off = u64::from(idx) * u64::from(mtu);
     let pos = position(idx, w.npkts);
+    // The bulk of a large message: a middle packet (BTH only, AckReq only when forced), its
+    // payload cut from the message's lend.
+    if pos == Position::Middle
+        && let Some(g) = gather.as_deref_mut()
+    {
+        let at = Middle {
+            seq,
+            off,
+            psn,
+            dest_qpn,
+            mtu,
+            ack_req: force_ack,
+        };
+        match build_middle_lent(w, at, actx, mem, icrc, buf, g)? {
+            MiddleLent::Built(n) => return Ok((n, force_ack, 1)),
+            // Copied below, without asking again.
+            MiddleLent::NotLent => gather = None,
+            MiddleLent::Other => {}
+        }
+    }
     let (kind, extra, reth) = match w.op {
         WrOpcode::Send => (OpKind::Send, Headers::NONE, None),
         WrOpcode::SendWithImm { .. } => (OpKind::Send, Headers::IMMDT, None),
@@ -489,6 +509,91 @@ fn build_request(
         }
     })?;
     Ok((n, ack_req, 1))
+}
+
+/// Where a middle packet goes: its WQE's SQ sequence number, payload offset, PSN, the
+/// destination QP, the path MTU and its AckReq bit.
+#[derive(Clone, Copy)]
+struct Middle {
+    seq: u64,
+    off: u64,
+    psn: Psn,
+    dest_qpn: u32,
+    mtu: u32,
+    ack_req: bool,
+}
+
+/// What [`build_middle_lent`] did.
+enum MiddleLent {
+    /// A packet of this many arena bytes (the payload is in the gather).
+    Built(usize),
+    /// The payload's memory is not lent: copy it.
+    NotLent,
+    /// Not a packet this path builds (the general one does).
+    Other,
+}
+
+/// A middle packet of a WRITE or SEND from one scatter/gather entry, payload lent: the same
+/// bytes as `build_request`'s general path, without its per-packet generality (the opcode
+/// search, the header set, the piece walk). A middle packet carries exactly one MTU, so no
+/// pad.
+fn build_middle_lent(
+    w: &SendWqe,
+    at: Middle,
+    actx: AccessCtx,
+    mem: &dyn MemoryAccess,
+    icrc: &IcrcPrefix,
+    buf: &mut [u8],
+    g: &mut Gather,
+) -> Result<MiddleLent, LocalErr> {
+    const BTH_LEN: usize = 12;
+    let opcode = match w.op {
+        WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::SendWithInv { .. } => {
+            Opcode::RC_SEND_MIDDLE
+        }
+        WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => Opcode::RC_WRITE_MIDDLE,
+        _ => return Ok(MiddleLent::Other),
+    };
+    let plen = at.mtu as usize;
+    let [sge] = w.sges.as_slice() else {
+        return Ok(MiddleLent::Other);
+    };
+    let end = at.off.saturating_add(plen as u64);
+    if w.use_inline
+        || plen < LEND_MIN
+        || pad_for(plen) != 0
+        || end > u64::from(sge.length)
+        || buf.len() < BTH_LEN + ICRC_LEN
+    {
+        return Ok(MiddleLent::Other);
+    }
+    g.clear();
+    let ahead = u64::from(sge.length) - end;
+    let addr = sge.addr.wrapping_add(at.off);
+    let lent = g
+        .lend(mem, at.seq, actx, sge.lkey, addr, plen, ahead, Access::NONE)
+        .map_err(local_err)?;
+    if !lent {
+        return Ok(MiddleLent::NotLent);
+    }
+    let mut bth = BthRepr::new(opcode, at.dest_qpn, at.psn);
+    bth.ack_req = at.ack_req;
+    let (head, tail) = buf.split_at_mut(BTH_LEN);
+    let sealed = bth
+        .emit(&mut Bth::new_unchecked(&mut *head))
+        .ok()
+        .and_then(|()| {
+            let gathered = &*g;
+            icrc.compute_with(head, BTH_LEN + plen, |c| gathered.crc_update(c))
+                .ok()
+        });
+    let Some(crc) = sealed else {
+        g.clear();
+        return Err(WcStatus::LocLenErr.into());
+    };
+    tail[..ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+    g.split = BTH_LEN;
+    Ok(MiddleLent::Built(BTH_LEN + ICRC_LEN))
 }
 
 /// Payloads shorter than this are copied (a copy of a few hundred bytes costs less than
