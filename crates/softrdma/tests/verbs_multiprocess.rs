@@ -566,10 +566,10 @@ fn peer_killed_mid_transfer_ends_in_retry_exceeded() {
     let mut killed_at = None;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(30) {
-        while posted < 10_000 && posted - completed.len() as u64 <= 32 && killed_at.is_none() {
+        let post = |posted: &mut u64| {
             let sge = [n.mr.sge(0, 256 << 10)];
             let wr = SendWr::new(
-                posted,
+                *posted,
                 WrOpcode::RdmaWrite {
                     remote_addr: base,
                     rkey,
@@ -578,7 +578,10 @@ fn peer_killed_mid_transfer_ends_in_retry_exceeded() {
             .sg(&sge)
             .flags(SendFlags::SIGNALED);
             qp.post_send(&wr).unwrap();
-            posted += 1;
+            *posted += 1;
+        };
+        while posted < 10_000 && posted - completed.len() as u64 <= 32 && killed_at.is_none() {
+            post(&mut posted);
         }
         let mut wc = [EMPTY_WC; 32];
         let k = n.cq.poll(&mut wc);
@@ -587,6 +590,11 @@ fn peer_killed_mid_transfer_ends_in_retry_exceeded() {
             child.kill().unwrap(); // SIGKILL
             child.wait().unwrap();
             killed_at = Some(Instant::now());
+            // Work after the kill, whatever was still in flight (a fast peer may have
+            // acknowledged everything posted before it).
+            for _ in 0..8 {
+                post(&mut posted);
+            }
         }
         if killed_at.is_some() && completed.len() as u64 == posted {
             break;
