@@ -1179,6 +1179,35 @@ mod tests {
         }
     }
 
+    /// A table with one owned region of `len` pattern bytes: the table, the region, a context
+    /// that may use it, and the bytes.
+    fn lending_table(
+        len: u32,
+    ) -> (
+        std::sync::Arc<crate::mem::MemoryTable>,
+        crate::mem::MrInfo,
+        crate::mem::AccessCtx,
+        Vec<u8>,
+    ) {
+        use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryTable, PinMode};
+        let t = MemoryTable::new(MemConfig {
+            pin_mode: PinMode::OnDemand,
+            ..MemConfig::default()
+        })
+        .unwrap();
+        let pd = t.alloc_pd().unwrap();
+        let region: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mr = t
+            .reg_mr(
+                pd,
+                MemSource::owned(region.clone()),
+                Access::LOCAL_WRITE,
+                None,
+            )
+            .unwrap();
+        (std::sync::Arc::new(t), mr, AccessCtx { pd, qpn: 1 }, region)
+    }
+
     /// Deregister `lkey` of `t`, failing the test if that waits for more than five seconds
     /// (a loan that was never given back).
     fn dereg_promptly(t: &std::sync::Arc<crate::mem::MemoryTable>, lkey: u32) -> Vec<u8> {
@@ -1198,25 +1227,8 @@ mod tests {
     /// again, and every byte still comes from the right place.
     #[test]
     fn one_lend_serves_the_packets_of_a_message_while_the_batch_holds_it() {
-        use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryTable};
-        let t = std::sync::Arc::new(
-            MemoryTable::new(MemConfig {
-                pin_mode: crate::mem::PinMode::OnDemand,
-                ..MemConfig::default()
-            })
-            .unwrap(),
-        );
-        let pd = t.alloc_pd().unwrap();
-        let region: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
-        let mr = t
-            .reg_mr(
-                pd,
-                MemSource::owned(region.clone()),
-                Access::LOCAL_WRITE,
-                None,
-            )
-            .unwrap();
-        let ctx = AccessCtx { pd, qpn: 1 };
+        use crate::mem::Access;
+        let (t, mr, ctx, region) = lending_table(8000);
         let mem = CountingLends {
             t: &t,
             lends: std::cell::Cell::new(0),
@@ -1300,25 +1312,8 @@ mod tests {
     /// it does); no anchor is kept, and nothing lent outlives the batch.
     #[test]
     fn a_piece_is_lent_alone_when_the_rest_of_its_entry_cannot_be() {
-        use crate::mem::{Access, AccessCtx, AccessError, MemConfig, MemSource, MemoryTable};
-        let t = std::sync::Arc::new(
-            MemoryTable::new(MemConfig {
-                pin_mode: crate::mem::PinMode::OnDemand,
-                ..MemConfig::default()
-            })
-            .unwrap(),
-        );
-        let pd = t.alloc_pd().unwrap();
-        let region: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
-        let mr = t
-            .reg_mr(
-                pd,
-                MemSource::owned(region.clone()),
-                Access::LOCAL_WRITE,
-                None,
-            )
-            .unwrap();
-        let ctx = AccessCtx { pd, qpn: 1 };
+        use crate::mem::{Access, AccessError};
+        let (t, mr, ctx, region) = lending_table(3000);
         let mem = CountingLends {
             t: &t,
             lends: std::cell::Cell::new(0),

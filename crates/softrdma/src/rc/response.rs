@@ -78,7 +78,6 @@ impl RecvSide {
                     Some(g) if plen as usize >= LEND_MIN => {
                         // The rest of the response is lent with this packet's payload (its
                         // later packets cut theirs from it).
-                        g.clear();
                         let ahead = u64::from(remaining - plen);
                         let tag = READ_RESPONSE_TAG | u64::from(msn);
                         let access = Access::REMOTE_READ;
