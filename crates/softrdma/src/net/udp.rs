@@ -921,18 +921,8 @@ mod tests {
                 1..120,
             ),
         ) {
-            use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryAccess, MemoryTable};
-            let t = MemoryTable::new(MemConfig {
-                pin_mode: crate::mem::PinMode::OnDemand,
-                ..MemConfig::default()
-            })
-            .unwrap();
-            let pd = t.alloc_pd().unwrap();
-            let region: Vec<u8> = (0..4200u32).map(|i| (i % 251) as u8).collect();
-            let mr = t
-                .reg_mr(pd, MemSource::owned(region.clone()), Access::LOCAL_WRITE, None)
-                .unwrap();
-            let ctx = AccessCtx { pd, qpn: 1 };
+            use crate::mem::{Access, MemoryAccess};
+            let (t, mr, ctx, region) = lending_table(4200);
             let dst: SocketAddr = "127.0.0.1:9".parse().unwrap();
             let mut tx = TxBatch::new(8, 8 * 1300);
             let mut g = Gather::default();
@@ -1018,26 +1008,11 @@ mod tests {
     /// an arena-only packet pushed after a lent one leaves the lent one whole.
     #[test]
     fn lent_payloads_arrive_in_place() {
-        use crate::mem::{Access, AccessCtx, MemConfig, MemSource, MemoryAccess, MemoryTable};
+        use crate::mem::{Access, MemoryAccess};
         let (a, b) = pair();
         b.set_read_timeout(Some(std::time::Duration::from_secs(5)))
             .unwrap();
-        let t = MemoryTable::new(MemConfig {
-            pin_mode: crate::mem::PinMode::OnDemand,
-            ..MemConfig::default()
-        })
-        .unwrap();
-        let pd = t.alloc_pd().unwrap();
-        let region: Vec<u8> = (0..4000u32).map(|i| (i % 251) as u8).collect();
-        let mr = t
-            .reg_mr(
-                pd,
-                MemSource::owned(region.clone()),
-                Access::LOCAL_WRITE,
-                None,
-            )
-            .unwrap();
-        let ctx = AccessCtx { pd, qpn: 1 };
+        let (t, mr, ctx, region) = lending_table(4000);
         let dst = b.local_addr();
         let mut tx = TxBatch::new(4, 8192);
         let mut g = Gather::default();
