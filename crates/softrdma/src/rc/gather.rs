@@ -13,11 +13,11 @@
 //!
 //! An anchor serves one message (`tag`) within one build run of the engine (which calls
 //! [`Gather::forget_anchor`] before each), and only for packets built into a transmit batch
-//! ([`crate::net::TxBatch::push_packet_gather`]; other callers lend per packet): between runs, requests from the peer (a SEND with
-//! Invalidate) or local work (a Local Invalidate) may change the region, and the next packet
-//! then lends again, meeting the change. Within a run, the region's own changes
-//! (deregistration, suspension, invalidation from another thread) wait for the batch's
-//! guards as they wait for any access in flight.
+//! ([`crate::net::TxBatch::push_packet_gather`]; other callers lend per packet): between
+//! runs, requests from the peer (a SEND with Invalidate) or local work (a Local Invalidate)
+//! may change the region, and the next packet then lends again, meeting the change. Within a
+//! run, the region's own changes (deregistration, suspension, invalidation from another
+//! thread) wait for the batch's guards as they wait for any access in flight.
 
 use crate::mem::{Access, AccessCtx, AccessError, Lent, LentSlice, MemoryAccess};
 
