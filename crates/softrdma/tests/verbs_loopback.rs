@@ -1048,3 +1048,78 @@ fn busy_poll_channel_fd_wakes_for_a_waiting_datagram() {
         assert_eq!((wc[0].wr_id, wc[0].status), (round, WcStatus::Success));
     }
 }
+
+/// A requester's source region suspended in the middle of a stream of WRITEs and resumed on
+/// new memory: the suspension waits for the bytes lent to the socket, nothing is sent while
+/// it lasts (not even the rest of a WRITE under way, whose payload was lent for the whole
+/// message), no packet mixes old and new bytes, and every WRITE posted after the resume is
+/// sent from the new memory.
+#[test]
+fn a_source_resumed_on_new_memory_is_sent_from_it() {
+    // 384 KiB: the 1 MiB window (1024 packets of path MTU 1024) ends inside a WRITE.
+    const CHUNK: usize = 384 << 10;
+    const N: usize = 16;
+    for (mode, port) in [(PollMode::Blocking, 24808), (PollMode::BusyPoll, 24809)] {
+        let (a, b) = pair(port, mode);
+        let src =
+            a.pd.reg_buffer(vec![1u8; N * CHUNK], Access::LOCAL_WRITE)
+                .unwrap();
+        let dst =
+            b.pd.reg_buffer(
+                vec![0u8; N * CHUNK],
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        let post = |i: usize| {
+            let sge = [src.sge((i * CHUNK) as u64, CHUNK as u32)];
+            let wr = SendWr::new(
+                i as u64,
+                WrOpcode::RdmaWrite {
+                    remote_addr: dst.iova() + (i * CHUNK) as u64,
+                    rkey: dst.rkey(),
+                },
+            )
+            .sg(&sge);
+            a.qp.post_send(&wr).unwrap();
+        };
+        for i in 0..N / 2 {
+            post(i);
+        }
+        // The first half is still being sent (a window of 1 MiB at path MTU 1024).
+        src.suspend().unwrap();
+        let sent = a.qp.counters().packets_sent;
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            a.qp.counters().packets_sent,
+            sent,
+            "{mode:?}: packets sent from a suspended source"
+        );
+        let old = src.resume(Some(MemSource::owned(vec![2u8; N * CHUNK])));
+        drop(old.unwrap());
+        for i in N / 2..N {
+            post(i);
+        }
+        let wcs = a.cq.wait(N, Duration::from_secs(20));
+        assert_eq!(wcs.len(), N, "{mode:?}: {} of {N} completions", wcs.len());
+        for w in &wcs {
+            assert_eq!(w.status, WcStatus::Success, "{mode:?}: {w:?}");
+        }
+        let got = dst.to_vec().unwrap();
+        let mut mixed = 0;
+        for (k, pkt) in got.chunks(1024).enumerate() {
+            let first = pkt[0];
+            assert!(
+                (first == 1 || first == 2) && pkt.iter().all(|&x| x == first),
+                "{mode:?}: packet {k} holds {:?}..",
+                &pkt[..8]
+            );
+            let chunk = k * 1024 / CHUNK;
+            if chunk >= N / 2 {
+                assert_eq!(first, 2, "{mode:?}: chunk {chunk} sent from the old memory");
+            } else if first == 2 {
+                mixed += 1;
+            }
+        }
+        println!("{mode:?}: {mixed} packets of the first half sent after the resume");
+    }
+}
