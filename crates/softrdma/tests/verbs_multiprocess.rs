@@ -565,21 +565,21 @@ fn peer_killed_mid_transfer_ends_in_retry_exceeded() {
     let mut completed = Vec::new();
     let mut killed_at = None;
     let start = Instant::now();
+    let post = |posted: &mut u64| {
+        let sge = [n.mr.sge(0, 256 << 10)];
+        let wr = SendWr::new(
+            *posted,
+            WrOpcode::RdmaWrite {
+                remote_addr: base,
+                rkey,
+            },
+        )
+        .sg(&sge)
+        .flags(SendFlags::SIGNALED);
+        qp.post_send(&wr).unwrap();
+        *posted += 1;
+    };
     while start.elapsed() < Duration::from_secs(30) {
-        let post = |posted: &mut u64| {
-            let sge = [n.mr.sge(0, 256 << 10)];
-            let wr = SendWr::new(
-                *posted,
-                WrOpcode::RdmaWrite {
-                    remote_addr: base,
-                    rkey,
-                },
-            )
-            .sg(&sge)
-            .flags(SendFlags::SIGNALED);
-            qp.post_send(&wr).unwrap();
-            *posted += 1;
-        };
         while posted < 10_000 && posted - completed.len() as u64 <= 32 && killed_at.is_none() {
             post(&mut posted);
         }
