@@ -8,8 +8,6 @@
 use core::ffi::c_int;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use softrdma::mem::MemError;
-
 /// What an entry point reports if Rust code below it panicked (a bug): "I/O error".
 pub const PANIC_ERRNO: c_int = libc::EIO;
 
@@ -73,23 +71,4 @@ pub fn ffi_ptr<T>(f: impl FnOnce() -> Result<*mut T, c_int>) -> *mut T {
             }
         },
     )
-}
-
-/// The errno a memory-subsystem error is reported with.
-pub fn mem_errno(e: &MemError) -> c_int {
-    match e {
-        MemError::InvalidPd(_)
-        | MemError::InvalidAccess { .. }
-        | MemError::InvalidKey(_)
-        | MemError::InvalidRange { .. }
-        | MemError::InvalidState { .. }
-        | MemError::InvalidConfig(_)
-        | MemError::Access(_) => libc::EINVAL,
-        MemError::RegionBusy { .. } | MemError::PdBusy { .. } => libc::EBUSY,
-        MemError::TableFull { .. } | MemError::PinLimit { .. } => libc::ENOMEM,
-        // mlock of an unmapped range: the kernel's ibv_reg_mr reports EFAULT.
-        MemError::Os { op: "mlock", errno } if *errno == libc::ENOMEM => libc::EFAULT,
-        MemError::Os { errno, .. } if *errno > 0 => *errno,
-        MemError::Os { .. } => libc::EIO,
-    }
 }

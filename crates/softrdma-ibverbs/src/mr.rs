@@ -1,5 +1,5 @@
 //! Protection domains and memory regions: `softrdma::verbs::Pd` and `Mr` of the context's
-//! engine (re-registration goes to the engine's memory table directly).
+//! engine.
 //!
 //! An `ibv_pd` is the C head of a [`Pd`] (its `handle` is the memory table's PD handle); an
 //! `ibv_mr` is the C head of an [`Mr`] (`lkey == rkey == handle`, the memory table's key).
@@ -11,12 +11,12 @@ use core::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use softrdma::mem::{Access, MemSource, Rereg};
-use softrdma::verbs;
+use softrdma::mem::{Access, MemSource};
+use softrdma::verbs::{self, MrRereg};
 
 use crate::abi::*;
 use crate::context::{Shared, shared_of};
-use crate::errno::{ffi_errno, ffi_ptr, guard, mem_errno, set_errno};
+use crate::errno::{ffi_errno, ffi_ptr, guard, set_errno};
 use crate::registry::{self, Kind};
 
 /// A protection domain: the C struct first, then ours.
@@ -278,7 +278,9 @@ pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
 /// `enum ibv_rereg_mr_err_code`: the device refused (the old region is unchanged).
 pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
 
-/// `ibv_rereg_mr`: change translation, PD and/or access of `mr` keeping its keys. 0, or
+/// `ibv_rereg_mr`: change translation, PD and/or access of `mr`; the region gets new keys
+/// (written to `mr->lkey` and `mr->rkey`, as rdma-core does with the kernel's answer) and
+/// the old ones stop working. 0, or
 /// `IBV_REREG_MR_ERR_INPUT` (-1; errno EINVAL: bad region, flags, PD or range) or
 /// `IBV_REREG_MR_ERR_CMD` (-4; errno from the memory subsystem). On failure the old region
 /// stays valid and unchanged.
@@ -311,10 +313,13 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                 return input(libc::EINVAL);
             }
             // SAFETY: the C API forbids deregistering the region concurrently.
-            let Some(m) = (unsafe { Mr::from_ibv(mr) }) else {
+            if unsafe { Mr::from_ibv(mr) }.is_none() {
                 return input(libc::EINVAL);
-            };
-            let mut change = Rereg::default();
+            }
+            // SAFETY: a live region (checked just above) that only this call uses: the C API
+            // forbids using an MR concurrently with its re-registration.
+            let m = unsafe { &mut *mr.cast::<Mr>() };
+            let mut change = MrRereg::default();
             if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
                 if addr.is_null() || length == 0 {
                     return input(libc::EINVAL);
@@ -328,7 +333,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                 // SAFETY: the C API forbids deallocating the PD concurrently.
                 match unsafe { Pd::from_ibv(pd) } {
                     Some(p) if Arc::ptr_eq(&p.shared, &m.shared) => {
-                        change.pd = Some(p.pd.handle);
+                        change.pd = Some(&p.vpd);
                         new_pd = Some(pd);
                     }
                     _ => return input(libc::EINVAL),
@@ -337,21 +342,24 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
                 change.access = Some(Access(access as u32));
             }
-            let Ok(dev) = m.shared.verbs() else {
+            let Some(vmr) = m.vmr.as_mut() else {
                 return input(libc::EINVAL);
             };
-            match dev.mem().rereg_mr(m.mr.lkey, change) {
+            match vmr.rereg(change) {
                 Ok(_) => {
-                    let c = mr;
-                    // SAFETY: a live region only this call modifies (the C API forbids
-                    // concurrent use of an MR being re-registered).
-                    unsafe {
-                        if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
-                            (*c).addr = addr;
-                            (*c).length = length;
-                        }
-                        if let Some(p) = new_pd {
-                            (*c).pd = p;
+                    m.mr.lkey = vmr.lkey();
+                    m.mr.rkey = vmr.rkey();
+                    m.mr.handle = vmr.lkey();
+                    if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+                        m.mr.addr = addr;
+                        m.mr.length = length;
+                    }
+                    if let Some(p) = new_pd {
+                        m.mr.pd = p;
+                        // SAFETY: both PDs are live: the old one counts this region, the new
+                        // one was checked above, and the C API forbids deallocating either
+                        // concurrently.
+                        unsafe {
                             (*m.owner.get()).release();
                             let np = p.cast::<Pd>();
                             (*np).hold();
@@ -361,7 +369,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                     0
                 }
                 Err(e) => {
-                    set_errno(mem_errno(&e.error));
+                    set_errno(e.errno());
                     IBV_REREG_MR_ERR_CMD
                 }
             }

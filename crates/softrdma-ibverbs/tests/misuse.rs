@@ -99,6 +99,7 @@ fn pd_mr_lifecycle_and_errors() {
         assert_eq!((*m).lkey, (*m).rkey);
         assert_eq!(mr::ibv_dealloc_pd(pd), libc::EBUSY);
         let pd2 = mr::ibv_alloc_pd(ctx);
+        let old_key = (*m).rkey;
         let r = mr::ibv_rereg_mr(
             m,
             IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_TRANSLATION,
@@ -108,6 +109,8 @@ fn pd_mr_lifecycle_and_errors() {
             0,
         );
         assert_eq!(r, 0);
+        assert_ne!((*m).rkey, old_key, "re-registration issues new keys");
+        assert_eq!((*m).lkey, (*m).rkey);
         assert_eq!((*m).pd, pd2);
         assert_eq!((*m).length, 64);
         assert_eq!(mr::ibv_dealloc_pd(pd), 0, "the region moved to pd2");

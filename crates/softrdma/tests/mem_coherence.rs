@@ -459,7 +459,7 @@ fn madvise_dontneed_invalidates_before_the_pages_are_freed() {
             }]
         );
         // Still mapped: re-registration makes the region valid again, and it is watched.
-        t.rereg_mr(m.lkey, Rereg::default()).unwrap();
+        let (m, _) = t.rereg_mr(m.lkey, Rereg::default()).unwrap();
         assert!(t.region_coherence(m.lkey).unwrap().watched);
         t.write(c, m.rkey, m.iova, &[2], RW).unwrap();
         assert_eq!(peek(a), 2);
@@ -484,18 +484,19 @@ fn faults_in_watched_ranges_never_wait() {
     });
     let t = Arc::new(t);
     let t2 = Arc::clone(&t);
-    bounded("access after DONTNEED", move || {
+    let lkey = bounded("access after DONTNEED", move || {
         // SAFETY: discards pages of a mapping the test owns.
         assert_eq!(
             unsafe { libc::madvise(a as *mut libc::c_void, len, libc::MADV_DONTNEED) },
             0
         );
-        t2.rereg_mr(m.lkey, Rereg::default()).unwrap();
+        let (m, _) = t2.rereg_mr(m.lkey, Rereg::default()).unwrap();
         t2.write(c, m.rkey, m.iova + 4096 * 3, &[8; 100], RW)
             .unwrap();
+        m.lkey
     });
     assert_eq!(peek(a + 4096 * 3 + 99), 8);
-    t.dereg_mr(m.lkey).unwrap();
+    t.dereg_mr(lkey).unwrap();
     unmap(a, len);
 }
 

@@ -230,17 +230,24 @@ fn every_lookup_error() {
         t.read(c, k, 0x4000, &mut out, RR),
         Err(AccessError::Invalidated(k))
     );
-    // Re-registration makes it valid again, same keys.
+    // Re-registration makes the region valid again under a new key; the invalidated key
+    // stays dead.
     let (info, _) = t.rereg_mr(k, Rereg::default()).unwrap();
-    assert_eq!(info.lkey, k);
-    assert_eq!(t.check(c, k, 0x4000, 1, RR), Ok(()));
-    // Deregistered: the key is gone.
-    t.dereg_mr(k).unwrap();
+    assert_ne!(info.lkey, k);
+    assert_eq!(info.lkey, info.rkey);
     assert_eq!(
         t.check(c, k, 0x4000, 1, RR),
         Err(AccessError::InvalidKey(k))
     );
-    assert!(matches!(t.dereg_mr(k), Err(MemError::InvalidKey(_))));
+    let k2 = info.lkey;
+    assert_eq!(t.check(c, k2, 0x4000, 1, RR), Ok(()));
+    // Deregistered: the key is gone.
+    t.dereg_mr(k2).unwrap();
+    assert_eq!(
+        t.check(c, k2, 0x4000, 1, RR),
+        Err(AccessError::InvalidKey(k2))
+    );
+    assert!(matches!(t.dereg_mr(k2), Err(MemError::InvalidKey(_))));
 }
 
 #[test]
@@ -546,7 +553,14 @@ fn rereg_changes_range_access_and_pd() {
         .unwrap();
     assert!(r.is_none());
     assert_eq!(i.access, LW | RW);
-    assert!(t.check(ctx(pd), mr.rkey, mr.iova, 16, RW).is_ok());
+    // A new key with the new rights; the old key grants nothing any more.
+    assert_ne!(i.rkey, mr.rkey);
+    assert_eq!(
+        t.check(ctx(pd), mr.rkey, mr.iova, 16, Access::NONE),
+        Err(AccessError::InvalidKey(mr.rkey))
+    );
+    assert!(t.check(ctx(pd), i.rkey, mr.iova, 16, RW).is_ok());
+    let mr = i;
     // Bad access leaves it unchanged.
     assert!(
         t.rereg_mr(
@@ -561,20 +575,21 @@ fn rereg_changes_range_access_and_pd() {
     assert_eq!(t.query_mr(mr.lkey).unwrap().access, LW | RW);
     // PD.
     assert!(matches!(t.dealloc_pd(pd), Err(MemError::PdBusy { .. })));
-    t.rereg_mr(
-        mr.lkey,
-        Rereg {
-            pd: Some(pd2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let (mr, _) = t
+        .rereg_mr(
+            mr.lkey,
+            Rereg {
+                pd: Some(pd2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(
         t.check(ctx(pd), mr.rkey, mr.iova, 1, RW),
         Err(AccessError::WrongPd(mr.rkey))
     );
     t.dealloc_pd(pd).unwrap();
-    // Translation: new memory and IOVA; the old buffer is handed back; keys unchanged.
+    // Translation: new memory and IOVA; the old buffer is handed back; a new key.
     let (i, old) = t
         .rereg_mr(
             mr.lkey,
@@ -584,8 +599,10 @@ fn rereg_changes_range_access_and_pd() {
             },
         )
         .unwrap();
-    assert_eq!((i.lkey, i.iova, i.length), (mr.lkey, 0x100, 64));
+    assert_eq!((i.iova, i.length), (0x100, 64));
+    assert_ne!(i.lkey, mr.lkey);
     assert_eq!(old.downcast::<Vec<u8>>().unwrap(), vec![1u8; 16]);
+    let mr = i;
     let mut out = [0u8; 1];
     t.read(ctx(pd2), mr.lkey, 0x13f, &mut out, Access::NONE)
         .unwrap();
@@ -830,11 +847,12 @@ fn changes_wait_for_outstanding_loans() {
     let mr = t
         .reg_mr(pd, MemSource::owned(vec![1u8; 4096]), LW, None)
         .unwrap();
-    let lend = || {
-        t.lend(ctx(pd), mr.lkey, mr.iova, 4096, Access::NONE)
+    let lend_key = |key: u32| {
+        t.lend(ctx(pd), key, mr.iova, 4096, Access::NONE)
             .unwrap()
             .unwrap()
     };
+    let lend = || lend_key(mr.lkey);
 
     // Suspension: returns once the loan is back; new loans are refused meanwhile.
     waits_for(lend(), || t.suspend_mr(mr.lkey).unwrap());
@@ -851,9 +869,9 @@ fn changes_wait_for_outstanding_loans() {
 
     // Re-registration with a new buffer hands the old one back after the loan.
     let info = t.query_mr(mr.lkey).unwrap();
-    t.rereg_mr(mr.lkey, Rereg::default()).unwrap();
-    let l = lend();
-    let (_, old) = waits_for(l, || {
+    let (mr, _) = t.rereg_mr(mr.lkey, Rereg::default()).unwrap();
+    let l = lend_key(mr.lkey);
+    let (mr, old) = waits_for(l, || {
         t.rereg_mr(
             mr.lkey,
             Rereg {
@@ -867,7 +885,7 @@ fn changes_wait_for_outstanding_loans() {
     assert_eq!(old, vec![2u8; 4096]);
 
     // Deregistration.
-    let l = lend();
+    let l = lend_key(mr.lkey);
     assert_eq!(crc_of(&l), crc(&[3u8; 4096]));
     let back = waits_for(l, || t.dereg_mr(mr.lkey).unwrap());
     let back: Vec<u8> = back.downcast().unwrap();

@@ -67,7 +67,9 @@ int main(void)
 	CHECK(mr && mr->lkey == mr->rkey && mr->addr == buf && mr->length == 65536 && mr->pd == pd, "reg_mr");
 	struct ibv_mr *mr2 = ibv_reg_mr(pd, buf + 1, 100, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 	CHECK(mr2 && mr2->lkey != mr->lkey, "overlapping reg_mr");
+	uint32_t old_rkey = mr2->rkey;
 	CHECK(ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == 0, "rereg access");
+	CHECK(mr2->rkey != old_rkey && mr2->lkey == mr2->rkey, "rereg issues new keys");
 	CHECK(ibv_rereg_mr(mr2, 0x80, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT, "rereg bad flags");
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc busy pd");
 	CHECK(ibv_dereg_mr(mr2) == 0, "dereg");

@@ -1,13 +1,18 @@
 //! Memory keys: layout and allocation.
 //!
-//! An L_Key/R_Key is 32 bits: a 24-bit **index** (bits 31..8) that names a slot of the key
-//! table, so a lookup is one array access, and an 8-bit **tag** (bits 7..0) that the owner may
-//! change (`ibv_inc_rkey`). Both parts are unpredictable: the index of a new key is drawn at
-//! random among the free slots, and its tag at random among the tags that slot has not used in
-//! the current cycle. A tag is therefore not handed out again on the same index until all 256
-//! have been used (the key space of that index has cycled). Randomness comes from the operating
-//! system's CSPRNG (`getrandom`), buffered in a small pool; this runs on the registration path,
-//! never on the data path.
+//! An L_Key/R_Key is 32 bits: a 24-bit **index** (bits 31..8) and an 8-bit **tag** (bits 7..0)
+//! that the owner may change (`ibv_inc_rkey`). The index is itself two parts: its low bits
+//! name a **slot** of the key table (as many bits as the table's size needs), so a lookup is
+//! one array access, and the bits above them are a **salt** drawn at random for each key and
+//! kept in the slot's entry. Every part is unpredictable: the slot of a new key is drawn at
+//! random among the free slots, its salt uniformly, and its tag at random among the tags that
+//! slot has not used in the current cycle. A tag is therefore not handed out again on the same
+//! slot until all 256 have been used (the key space of that slot has cycled).
+//!
+//! With the default table of 2^16 - 1 slots, a key carries 32 bits of entropy (16 slot bits,
+//! 8 salt bits and 8 tag bits): a peer guessing keys blindly hits one of `n` live keys with
+//! probability `n / 2^32` per guess. Randomness comes from the operating system's CSPRNG (`getrandom`),
+//! buffered in a small pool; this runs on the registration path, never on the data path.
 
 use super::MemError;
 
@@ -24,6 +29,12 @@ pub const fn key_index(key: u32) -> u32 {
 /// The tag part of `key` (the 8 bits the owner may change).
 pub const fn key_tag(key: u32) -> u8 {
     key as u8
+}
+
+/// Bits of the slot part of a key index for a table of `capacity` slots (indices
+/// `1..=capacity`); the index bits above them are salt.
+pub const fn slot_bits(capacity: u32) -> u32 {
+    32 - capacity.leading_zeros()
 }
 
 /// Compose a key from its index and tag.
@@ -107,61 +118,89 @@ impl TagSet {
 
 /// Hands out key indices and tags. Lives under the table's allocation mutex.
 pub(crate) struct KeyAllocator {
-    /// Free indices, in no particular order; a new key takes a random one.
+    /// Free slots, in no particular order; a new key takes a random one.
     free: Vec<u32>,
-    /// Per index (position = index - 1): tags used in its current cycle.
+    /// Per slot (position = slot - 1): tags used in its current cycle.
     used: Vec<TagSet>,
+    /// Bits of the key index that name the slot; the rest is salt.
+    slot_bits: u32,
     rng: RandomPool,
 }
 
 impl KeyAllocator {
-    /// An allocator for indices `1..=capacity` (index 0 is never used, so no key is below 256).
+    /// An allocator for slots `1..=capacity` (slot 0 is never used, so no key is below 256),
+    /// `capacity < 2^24`.
     pub(crate) fn new(capacity: u32) -> KeyAllocator {
         KeyAllocator {
             free: (1..=capacity).collect(),
             used: vec![TagSet::default(); capacity as usize],
+            slot_bits: slot_bits(capacity),
             rng: RandomPool::new(),
         }
     }
 
-    /// A new key on a random free index.
+    /// The slot `key` names (its index without the salt).
+    pub(crate) fn slot_of(&self, key: u32) -> u32 {
+        key_index(key) & ((1 << self.slot_bits) - 1)
+    }
+
+    /// A key index for `slot` with fresh random salt.
+    fn salted(&mut self, slot: u32) -> Result<u32, MemError> {
+        let salt_bits = 32 - KEY_TAG_BITS - self.slot_bits;
+        let salt = if salt_bits == 0 {
+            0
+        } else {
+            self.rng.below(1 << salt_bits)?
+        };
+        Ok((salt << self.slot_bits) | slot)
+    }
+
+    /// A new key on a random free slot.
     pub(crate) fn alloc(&mut self) -> Result<Option<u32>, MemError> {
         if self.free.is_empty() {
             return Ok(None);
         }
         let pos = self.rng.below(self.free.len() as u32)? as usize;
-        let index = self.free.swap_remove(pos);
-        match self.fresh_tag(index, None) {
-            Ok(tag) => Ok(Some(make_key(index, tag))),
+        let slot = self.free.swap_remove(pos);
+        match self.fresh_key(slot, None) {
+            Ok(key) => Ok(Some(key)),
             Err(e) => {
-                self.free.push(index);
+                self.free.push(slot);
                 Err(e)
             }
         }
     }
 
-    /// A new key for the index of `key` (type 1 window rebind), never equal to `key`.
+    /// A new key for the slot of `key` (type 1 window rebind, re-registration): fresh salt
+    /// and a fresh tag, never equal to `key`.
     pub(crate) fn retag(&mut self, key: u32) -> Result<u32, MemError> {
-        let index = key_index(key);
-        let tag = self.fresh_tag(index, Some(key_tag(key)))?;
-        Ok(make_key(index, tag))
+        self.fresh_key(self.slot_of(key), Some(key_tag(key)))
     }
 
     /// Record a tag the consumer chose (type 2 window bind with `ibv_inc_rkey`).
     pub(crate) fn note(&mut self, key: u32) {
-        if let Some(set) = self.used.get_mut(key_index(key) as usize - 1) {
+        let slot = self.slot_of(key) as usize;
+        if let Some(set) = slot.checked_sub(1).and_then(|i| self.used.get_mut(i)) {
             set.insert(key_tag(key));
         }
     }
 
-    /// Return an index to the free pool.
+    /// Return the slot of `key` to the free pool.
     pub(crate) fn release(&mut self, key: u32) {
-        self.free.push(key_index(key));
+        self.free.push(self.slot_of(key));
     }
 
-    fn fresh_tag(&mut self, index: u32, avoid: Option<u8>) -> Result<u8, MemError> {
-        let Some(set) = self.used.get_mut(index as usize - 1) else {
-            return Err(MemError::InvalidKey(make_key(index, 0)));
+    fn fresh_key(&mut self, slot: u32, avoid: Option<u8>) -> Result<u32, MemError> {
+        let tag = self.fresh_tag(slot, avoid)?;
+        Ok(make_key(self.salted(slot)?, tag))
+    }
+
+    fn fresh_tag(&mut self, slot: u32, avoid: Option<u8>) -> Result<u8, MemError> {
+        let Some(set) = (slot as usize)
+            .checked_sub(1)
+            .and_then(|i| self.used.get_mut(i))
+        else {
+            return Err(MemError::InvalidKey(make_key(slot, 0)));
         };
         if set.len() >= 256 {
             // The key space of this index has cycled: start again, except the tag in use.
@@ -223,8 +262,49 @@ mod tests {
         assert_eq!(set.len(), 64);
         assert!(
             keys.iter()
-                .all(|k| key_index(*k) >= 1 && key_index(*k) <= 4096)
+                .all(|k| a.slot_of(*k) >= 1 && a.slot_of(*k) <= 4096)
         );
+    }
+
+    /// With the default table (2^16 - 1 slots) every bit of a key varies: 16 slot bits, 8
+    /// salt bits and 8 tag bits. Each of the 32 bits must be set in roughly half of 4,000
+    /// keys (a bit that never or always varies is a bit of lost entropy).
+    #[test]
+    fn every_key_bit_is_random() {
+        let mut a = KeyAllocator::new((1 << 16) - 1);
+        assert_eq!(a.slot_bits, 16);
+        let mut ones = [0u32; 32];
+        let n = 4000;
+        for _ in 0..n {
+            let k = a.alloc().unwrap().unwrap();
+            for (b, c) in ones.iter_mut().enumerate() {
+                *c += (k >> b) & 1;
+            }
+            a.release(k);
+        }
+        for (b, c) in ones.iter().enumerate() {
+            assert!(
+                (1600..=2400).contains(c),
+                "key bit {b} set in {c} of {n} keys"
+            );
+        }
+    }
+
+    /// A re-tagged key keeps its slot but changes salt and tag; a released slot's next key
+    /// differs from the old one.
+    #[test]
+    fn retag_keeps_the_slot() {
+        let mut a = KeyAllocator::new(16);
+        let k = a.alloc().unwrap().unwrap();
+        let salts: std::collections::HashSet<u32> = (0..64)
+            .map(|_| {
+                let n = a.retag(k).unwrap();
+                assert_eq!(a.slot_of(n), a.slot_of(k));
+                assert_ne!(n, k);
+                key_index(n) >> 5
+            })
+            .collect();
+        assert!(salts.len() > 32, "salt does not vary: {salts:?}");
     }
 
     #[test]

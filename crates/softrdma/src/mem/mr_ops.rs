@@ -4,7 +4,6 @@ use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
-use super::key::key_index;
 use super::region::{Mr, MrState, MrStatus, range_fits, validate_mr_access};
 use super::source::Backing;
 use super::table::{Entry, read, wants_on_demand, write};
@@ -136,7 +135,7 @@ impl MemoryTable {
             self.coherence
                 .watch(key, &mr, out.addr, out.length as usize);
         }
-        match self.slots.get(key_index(key) as usize) {
+        match self.slots.get(self.slot_index(key) as usize) {
             Some(slot) => *write(slot) = Entry::Mr { key, mr },
             None => {
                 // Unreachable: the allocator only hands out indices of existing slots.
@@ -339,9 +338,14 @@ impl MemoryTable {
         }
     }
 
-    /// Re-register `lkey` (`ibv_rereg_mr`): new range, access or PD, keeping its keys. Waits
-    /// for accesses in flight; refused while windows are bound. On refusal nothing changed and
-    /// the new source comes back in the error. A region invalidated earlier becomes valid.
+    /// Re-register `lkey` (`ibv_rereg_mr`): new range, access or PD. Waits for accesses in
+    /// flight; refused while windows are bound. On refusal nothing changed and the new source
+    /// comes back in the error.
+    ///
+    /// On success the region has a **new key** (returned in the [`MrInfo`]; the slot stays,
+    /// salt and tag are drawn anew) and the old key is dead: whoever was given the old R_Key
+    /// reaches neither the new memory nor the new rights, and a key invalidated earlier (local
+    /// invalidation, an unmap) is never valid again. The region itself becomes valid.
     pub fn rereg_mr(&self, lkey: u32, change: Rereg) -> Result<(MrInfo, Returned), RegError> {
         let Rereg {
             translation,
@@ -352,12 +356,13 @@ impl MemoryTable {
             Some((s, i)) => (Some(s), i),
             None => (None, None),
         };
-        let g = match self.slot(lkey) {
-            Ok(s) => read(s),
+        // The slot is write-locked: its key changes below.
+        let mut g = match self.slot(lkey) {
+            Ok(s) => write(s),
             Err(e) => return Err(RegError::new(e.into(), src)),
         };
-        let mr = match &*g {
-            Entry::Mr { key, mr } if *key == lkey => mr,
+        let (key_field, mr) = match &mut *g {
+            Entry::Mr { key, mr } if *key == lkey => (key, Arc::clone(mr)),
             _ => return Err(RegError::new(MemError::InvalidKey(lkey), src)),
         };
         let mut st = write(&mr.state);
@@ -407,7 +412,19 @@ impl MemoryTable {
                 )));
             }
         };
+        let new_key = match self.key_alloc().retag(lkey) {
+            Ok(k) => k,
+            Err(e) => {
+                // Only a failing OS CSPRNG gets here.
+                self.pinner.unpin(pin);
+                return Err(undo_pd(RegError::new(
+                    e,
+                    backing.and_then(Backing::into_source),
+                )));
+            }
+        };
         // Commit: nothing below can fail.
+        *key_field = new_key;
         self.pinner.unpin(core::mem::replace(&mut st.pin, pin));
         if new_pd != old_pd {
             self.pds.release(old_pd);
@@ -431,18 +448,16 @@ impl MemoryTable {
             }
         };
         st.access = new_access;
-        if st.status == MrStatus::Invalidated {
-            st.status = MrStatus::Valid;
-        }
-        tracing::debug!(key = lkey, "rereg_mr");
-        let out = info(lkey, &st);
+        st.status = MrStatus::Valid;
+        tracing::debug!(old = lkey, key = new_key, "rereg_mr");
+        let out = info(new_key, &st);
         drop(st);
-        let mr = Arc::clone(mr);
         drop(g);
         // The old backing is released only once nothing lent from it is outstanding.
         mr.wait_unlent();
         let returned = returned.map_or_else(Returned::none, Backing::into_returned);
-        self.rewatch(lkey);
+        self.coherence.unwatch(lkey);
+        self.rewatch(new_key);
         Ok((out, returned))
     }
 }

@@ -67,7 +67,7 @@ impl MemoryTable {
                 return Err(e);
             }
         };
-        if let Some(slot) = self.slots.get(key_index(key) as usize) {
+        if let Some(slot) = self.slots.get(self.slot_index(key) as usize) {
             *write(slot) = Entry::Mw(Mw {
                 key,
                 pd,
@@ -115,7 +115,7 @@ impl MemoryTable {
         access: Access,
     ) -> Result<u32, AccessError> {
         let slot = self.slot(mw_key)?;
-        if key_index(mr_lkey) == key_index(mw_key) {
+        if self.slot_index(mr_lkey) == self.slot_index(mw_key) {
             return Err(AccessError::InvalidKey(mr_lkey));
         }
         let mut g = write(slot);
@@ -175,7 +175,7 @@ impl MemoryTable {
         if key_index(new_rkey) != key_index(mw_key) {
             return Err(AccessError::InvalidOperation(mw_key));
         }
-        if key_index(mr_lkey) == key_index(mw_key) {
+        if self.slot_index(mr_lkey) == self.slot_index(mw_key) {
             return Err(AccessError::InvalidKey(mr_lkey));
         }
         let mut g = write(slot);

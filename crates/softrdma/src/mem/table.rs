@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 
 use super::arena::Arena;
 use super::copy::{CopyMode, checked_copy_available};
-use super::key::{KeyAllocator, MAX_KEY_INDEX, key_index};
+use super::key::{KeyAllocator, MAX_KEY_INDEX, key_index, slot_bits};
 use super::pd::PdTable;
 use super::pin::{PinLimits, PinMode, Pinner};
 use super::region::Mr;
@@ -38,7 +38,9 @@ pub struct MemConfig {
     pub pin_mode: PinMode,
     /// Most bytes this device may pin (on top of `RLIMIT_MEMLOCK`), `None` for no quota.
     pub pin_quota: Option<u64>,
-    /// Most regions plus windows (key indices), at most 2^24 - 1.
+    /// Most regions plus windows (key-table slots), at most 2^24 - 1. The key index bits the
+    /// table does not need for its slots are random salt ([`key`](super::key)): 2^16 - 1 slots
+    /// leave 8 bits of salt and give keys 32 bits of entropy.
     pub max_keys: u32,
     /// Most protection domains.
     pub max_pds: u32,
@@ -62,7 +64,7 @@ impl Default for MemConfig {
         MemConfig {
             pin_mode: PinMode::Pinned,
             pin_quota: None,
-            max_keys: 1 << 16,
+            max_keys: (1 << 16) - 1,
             max_pds: 1 << 12,
             max_device_bytes: 4 << 30,
             watch: WatchMode::On,
@@ -119,8 +121,10 @@ pub(crate) enum Entry {
 /// The registered memory of one device: protection domains, regions, windows and keys.
 /// Implements [`MemoryAccess`](super::MemoryAccess) for the transport.
 pub struct MemoryTable {
-    /// Index 0 is never used.
+    /// Slot 0 is never used.
     pub(crate) slots: Box<[RwLock<Entry>]>,
+    /// The key-index bits that name a slot (the rest is salt).
+    slot_mask: u32,
     pub(crate) keys: Mutex<KeyAllocator>,
     pub(crate) pds: PdTable,
     pub(crate) pinner: Arc<Pinner>,
@@ -181,6 +185,7 @@ impl MemoryTable {
         let pinner = Arc::new(Pinner::new(config.pin_mode, config.pin_quota));
         Ok(MemoryTable {
             slots,
+            slot_mask: (1 << slot_bits(config.max_keys)) - 1,
             keys: Mutex::new(KeyAllocator::new(config.max_keys)),
             pds: PdTable::new(config.max_pds),
             coherence: Coherence::new(
@@ -238,10 +243,17 @@ impl MemoryTable {
         self.pds.dealloc(pd)
     }
 
+    /// The slot number of `key` (its index without the salt). The entry in the slot holds
+    /// the whole key, so a key with the right slot but wrong salt or tag is still refused.
+    #[inline]
+    pub(crate) fn slot_index(&self, key: u32) -> u32 {
+        key_index(key) & self.slot_mask
+    }
+
     /// The slot `key` names, or `InvalidKey`.
     #[inline]
     pub(crate) fn slot(&self, key: u32) -> Result<&RwLock<Entry>, AccessError> {
-        match key_index(key) {
+        match self.slot_index(key) {
             0 => Err(AccessError::InvalidKey(key)),
             i => self
                 .slots

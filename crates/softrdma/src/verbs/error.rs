@@ -49,7 +49,10 @@ impl VerbsError {
             VerbsError::Mem(e) => match e {
                 MemError::RegionBusy { .. } | MemError::PdBusy { .. } => libc::EBUSY,
                 MemError::TableFull { .. } | MemError::PinLimit { .. } => libc::ENOMEM,
-                MemError::Os { .. } => libc::EFAULT,
+                // mlock of an unmapped range: the kernel's ibv_reg_mr reports EFAULT.
+                MemError::Os { op: "mlock", errno } if *errno == libc::ENOMEM => libc::EFAULT,
+                MemError::Os { errno, .. } if *errno > 0 => *errno,
+                MemError::Os { .. } => libc::EIO,
                 _ => libc::EINVAL,
             },
             VerbsError::Access(_) => libc::EINVAL,

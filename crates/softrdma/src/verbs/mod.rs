@@ -30,7 +30,7 @@ pub mod connect;
 pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
 pub use error::VerbsError;
-pub use mr::{Mr, Mw, Pd};
+pub use mr::{Mr, MrRereg, Mw, Pd};
 pub use qp::{Qp, QpInitAttr, random_psn};
 pub use srq::Srq;
 

@@ -3,7 +3,9 @@
 use std::sync::Arc;
 
 use super::{Device, Qp, QpInitAttr, Srq, VerbsError};
-use crate::mem::{Access, AccessCtx, MemSource, MemoryAccess, MrInfo, MwType, PageSize, Returned};
+use crate::mem::{
+    Access, AccessCtx, MemSource, MemoryAccess, MrInfo, MwType, PageSize, Rereg, Returned,
+};
 
 pub(crate) struct PdInner {
     pub device: Device,
@@ -252,6 +254,42 @@ impl Mr {
             .resume_mr(self.lkey(), new)?)
     }
 
+    /// Re-register the region (`ibv_rereg_mr`): new memory (and IOVA), PD and/or access.
+    /// The region gets **new keys** and the old ones die: a peer holding the old R_Key reaches
+    /// neither the new memory nor the new rights. Returns the old memory when it was
+    /// replaced. Refused with `Busy` while other handles to the region exist (windows bound to
+    /// it hold one); a refusal changes nothing.
+    pub fn rereg(&mut self, change: MrRereg<'_>) -> Result<Returned, VerbsError> {
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(VerbsError::Busy(
+                "other handles to this region exist".into(),
+            ));
+        };
+        if let Some(pd) = change.pd
+            && !Arc::ptr_eq(pd.device().engine(), inner.pd.device().engine())
+        {
+            return Err(VerbsError::InvalidArgument(
+                "the new PD belongs to another device".into(),
+            ));
+        }
+        let mem = inner.pd.device().engine().mem();
+        let (info, returned) = mem
+            .rereg_mr(
+                inner.info.lkey,
+                Rereg {
+                    translation: change.translation,
+                    pd: change.pd.map(Pd::handle),
+                    access: change.access,
+                },
+            )
+            .map_err(|e| VerbsError::from(e.error))?;
+        inner.info = info;
+        if let Some(pd) = change.pd {
+            inner.pd = pd.clone();
+        }
+        Ok(returned)
+    }
+
     /// Deregister now and get an owned buffer back. Fails with `Busy` (and keeps the region)
     /// while windows are bound to it or other handles exist.
     pub fn dereg(self) -> Result<Returned, (Mr, VerbsError)> {
@@ -277,6 +315,17 @@ impl Mr {
             )),
         }
     }
+}
+
+/// What [`Mr::rereg`] changes (as `IBV_REREG_MR_CHANGE_TRANSLATION / _PD / _ACCESS`).
+#[derive(Debug, Default)]
+pub struct MrRereg<'a> {
+    /// New memory and its IOVA (`None` = the host address).
+    pub translation: Option<(MemSource, Option<u64>)>,
+    /// New protection domain (of the same device).
+    pub pd: Option<&'a Pd>,
+    /// New access flags.
+    pub access: Option<Access>,
 }
 
 /// A memory window.
