@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use softrdma::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+use softrdma::mem::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAccess};
 
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xa5;
@@ -348,7 +348,7 @@ impl MemoryAccess for SimMemory {
         Ok(orig)
     }
 
-    fn invalidate(&self, ctx: AccessCtx, key: u32) -> Result<(), AccessError> {
+    fn invalidate(&self, ctx: AccessCtx, key: u32, by: Invalidator) -> Result<(), AccessError> {
         let mut i = self.inner.borrow_mut();
         let r = i
             .regions
@@ -356,6 +356,10 @@ impl MemoryAccess for SimMemory {
             .ok_or(AccessError::InvalidKey(key))?;
         if r.pd != ctx.pd {
             return Err(AccessError::WrongPd(key));
+        }
+        // As the memory table: a peer invalidates type 2 windows (bound to a QP) only.
+        if by == Invalidator::Remote && !matches!(r.kind, Kind::Mw { qpn: Some(_), .. }) {
+            return Err(AccessError::InvalidOperation(key));
         }
         if let Kind::Mw { qpn, .. } = r.kind
             && qpn.is_some()

@@ -219,8 +219,17 @@ fn every_lookup_error() {
         })
     );
     t.resume_mr(k, None).unwrap();
-    assert_eq!(t.invalidate(ctx(other), k), Err(AccessError::WrongPd(k)));
-    t.invalidate(c, k).unwrap();
+    assert_eq!(
+        t.invalidate(ctx(other), k, Invalidator::Local),
+        Err(AccessError::WrongPd(k))
+    );
+    // A peer's SEND with Invalidate never reaches a region (its R_Key is its L_Key too).
+    assert_eq!(
+        t.invalidate(c, k, Invalidator::Remote),
+        Err(AccessError::InvalidOperation(k))
+    );
+    assert_eq!(t.check(c, k, 0x4000, 1, RR), Ok(()));
+    t.invalidate(c, k, Invalidator::Local).unwrap();
     assert_eq!(
         t.check(c, k, 0x4000, 1, RR),
         Err(AccessError::Invalidated(k))

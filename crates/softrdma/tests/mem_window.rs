@@ -137,11 +137,20 @@ fn type1_bind_range_rights_rebind() {
     assert_eq!(out, [8]);
     let info = t.query_mw(rkey2).unwrap();
     assert_eq!(info.bound.unwrap().mr_lkey, mr.lkey);
-    // Type 1 windows are not invalidated by LOCAL_INV.
-    assert_eq!(
-        t.invalidate(c, rkey2),
-        Err(AccessError::InvalidOperation(rkey2))
-    );
+    // Type 1 windows are not invalidated by LOCAL_INV, nor by a peer.
+    for by in [Invalidator::Local, Invalidator::Remote] {
+        assert_eq!(
+            t.invalidate(c, rkey2, by),
+            Err(AccessError::InvalidOperation(rkey2))
+        );
+    }
+    // Nor is a region under a bound window, by anyone.
+    for by in [Invalidator::Local, Invalidator::Remote] {
+        assert_eq!(
+            t.invalidate(c, mr.lkey, by),
+            Err(AccessError::InvalidOperation(mr.lkey))
+        );
+    }
     // A zero-length bind unbinds; then the region can go.
     let rkey3 = t.bind_mw_type1(c, rkey2, mr.lkey, 0, 0, RR).unwrap();
     assert_eq!(
@@ -283,7 +292,10 @@ fn type2_bound_to_one_qp_and_invalidated() {
         t.check(q2, r1, 0x10_000, 1, RR),
         Err(AccessError::WrongQp(r1))
     );
-    assert_eq!(t.invalidate(q2, r1), Err(AccessError::WrongQp(r1)));
+    assert_eq!(
+        t.invalidate(q2, r1, Invalidator::Remote),
+        Err(AccessError::WrongQp(r1))
+    );
     // Out of its range.
     assert_eq!(
         t.check(q1, r1, 0x10_040, 1, RR),
@@ -303,12 +315,15 @@ fn type2_bound_to_one_qp_and_invalidated() {
         Err(MemError::RegionBusy { windows: 1, .. })
     ));
     // LOCAL_INV (or SEND with Invalidate) through the bound QP.
-    t.invalidate(q1, r1).unwrap();
+    t.invalidate(q1, r1, Invalidator::Remote).unwrap();
     assert_eq!(
         t.check(q1, r1, 0x10_000, 1, RW),
         Err(AccessError::Invalidated(r1))
     );
-    assert_eq!(t.invalidate(q1, r1), Err(AccessError::Invalidated(r1)));
+    assert_eq!(
+        t.invalidate(q1, r1, Invalidator::Local),
+        Err(AccessError::Invalidated(r1))
+    );
     // Rebind, now on QP 22 with a new key; the old key is now simply invalid.
     let r2 = inc(r1);
     t.bind_mw(q2, r1, r2, mr.lkey, 0x10_100, 8, RR).unwrap();
@@ -346,7 +361,10 @@ fn type2_refused_on_unbound_or_foreign() {
         t.check(q, mw, 0x10_000, 1, RR),
         Err(AccessError::InvalidKey(mw))
     );
-    assert_eq!(t.invalidate(q, mw), Err(AccessError::InvalidKey(mw)));
+    assert_eq!(
+        t.invalidate(q, mw, Invalidator::Local),
+        Err(AccessError::InvalidKey(mw))
+    );
     // Type 2 bind needs the window's PD.
     let pd2 = t.alloc_pd().unwrap();
     assert_eq!(

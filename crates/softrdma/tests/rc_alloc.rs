@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use softrdma::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+use softrdma::mem::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAccess};
 use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
 use softrdma::wire::{IcrcContext, Packet};
 
@@ -121,7 +121,7 @@ impl MemoryAccess for Flat {
         b[r].copy_from_slice(&n.to_ne_bytes());
         Ok(v)
     }
-    fn invalidate(&self, _: AccessCtx, _: u32) -> Result<(), AccessError> {
+    fn invalidate(&self, _: AccessCtx, _: u32, _: Invalidator) -> Result<(), AccessError> {
         Ok(())
     }
     fn bind_mw(

@@ -129,6 +129,15 @@ pub enum AccessError {
     InvalidOperation(u32),
 }
 
+/// Who asks for an invalidation: the rules differ (`MemoryAccess::invalidate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Invalidator {
+    /// The local application: a LOCAL_INV work request on one of its QPs.
+    Local,
+    /// The peer: an incoming SEND with Invalidate.
+    Remote,
+}
+
 /// Registered-memory access as the transport needs it. Implementations must be usable from
 /// several threads at once and never touch a byte outside a validated range.
 pub trait MemoryAccess {
@@ -187,9 +196,13 @@ pub trait MemoryAccess {
     fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp)
     -> Result<u64, AccessError>;
 
-    /// Invalidate `key` (LOCAL_INV work request, or an incoming SEND with Invalidate). Only
-    /// keys of `ctx.pd` may be invalidated; a type 2 window only through the QP it is bound to.
-    fn invalidate(&self, ctx: AccessCtx, key: u32) -> Result<(), AccessError>;
+    /// Invalidate `key` for `by`. Only keys of `ctx.pd` may be invalidated, and a type 2
+    /// window only through the QP it is bound to. A peer ([`Invalidator::Remote`], SEND with
+    /// Invalidate) may invalidate only a type 2 window: an R_Key of a region or a type 1
+    /// window is refused with `InvalidOperation` (a region's R_Key is also its L_Key, so a
+    /// peer could otherwise revoke the application's own access). The local application
+    /// (LOCAL_INV) may also invalidate a region that no window is bound to.
+    fn invalidate(&self, ctx: AccessCtx, key: u32, by: Invalidator) -> Result<(), AccessError>;
 
     /// Bind the type 2 window whose current key is `mw_key` to `[iova, iova+len)` of the region
     /// `mr_lkey`, with `access`, on QP `ctx.qpn`; afterwards its R_Key is `new_rkey`, which

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use super::copy::{self, CopyMode};
 use super::region::MrState;
 use super::table::{Entry, read};
-use super::{Access, AccessCtx, AccessError, AtomicOp, Lent, MemoryAccess, MemoryTable};
+use super::{
+    Access, AccessCtx, AccessError, AtomicOp, Invalidator, Lent, MemoryAccess, MemoryTable,
+};
 
 impl MemoryTable {
     /// How a region's bytes are reached: raw memory as the table is configured, memory the
@@ -169,8 +171,8 @@ impl MemoryAccess for MemoryTable {
         })
     }
 
-    fn invalidate(&self, ctx: AccessCtx, key: u32) -> Result<(), AccessError> {
-        self.invalidate_key(ctx, key)
+    fn invalidate(&self, ctx: AccessCtx, key: u32, by: Invalidator) -> Result<(), AccessError> {
+        self.invalidate_key(ctx, key, by)
     }
 
     fn bind_mw(

@@ -26,7 +26,7 @@ mod uffd;
 mod watch;
 mod window;
 
-pub use access::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+pub use access::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAccess};
 pub use arena::PageSize;
 pub use coherence::{
     INVALIDATION_QUEUE, Invalidation, InvalidationCause, InvalidationNotify, RawCopy,

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::key::key_index;
 use super::table::{Entry, read, write};
 use super::window::{Mw, MwType, bind};
-use super::{Access, AccessCtx, AccessError, MemError, MemoryTable};
+use super::{Access, AccessCtx, AccessError, Invalidator, MemError, MemoryTable};
 
 /// A memory window as the verbs describe it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,13 +219,23 @@ impl MemoryTable {
         Ok(())
     }
 
-    pub(crate) fn invalidate_key(&self, ctx: AccessCtx, key: u32) -> Result<(), AccessError> {
+    pub(crate) fn invalidate_key(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        by: Invalidator,
+    ) -> Result<(), AccessError> {
         let mut g = write(self.slot(key)?);
         match &mut *g {
             Entry::Mr { key: k, mr } if *k == key => {
                 let mut st = write(&mr.state);
                 if st.pd != ctx.pd {
                     return Err(AccessError::WrongPd(key));
+                }
+                // A peer never invalidates a region (only type 2 windows); the application
+                // does not invalidate one under bound windows.
+                if by == Invalidator::Remote || mr.windows.load(Ordering::Acquire) > 0 {
+                    return Err(AccessError::InvalidOperation(key));
                 }
                 st.status = super::region::MrStatus::Invalidated;
                 Ok(())

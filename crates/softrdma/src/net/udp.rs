@@ -1137,8 +1137,9 @@ mod tests {
             &self,
             c: crate::mem::AccessCtx,
             k: u32,
+            by: crate::mem::Invalidator,
         ) -> Result<(), crate::mem::AccessError> {
-            self.t.invalidate(c, k)
+            self.t.invalidate(c, k, by)
         }
         fn bind_mw(
             &self,

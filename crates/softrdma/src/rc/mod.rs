@@ -30,6 +30,7 @@ pub mod gather;
 pub mod psn_set;
 pub mod qp;
 pub mod qp_state;
+mod read_history;
 pub mod requester;
 pub mod responder;
 mod responder_rd;
@@ -42,6 +43,7 @@ pub mod wr;
 pub use gather::Gather;
 pub use qp::{Qp, QpCap, QpCounters, QpInit};
 pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
+pub use responder::{NAK_SEQ_WINDOW, RespCounters};
 pub use rq::Srq;
 pub use wr::{
     MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,

@@ -10,7 +10,7 @@ use super::ACK_REQ_EVERY;
 use super::gather::Gather;
 use super::sq::{SendSide, SendWqe};
 use super::wr::{SendFlags, WcStatus, WrOpcode};
-use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
+use crate::mem::{Access, AccessCtx, AccessError, Invalidator, MemoryAccess};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
     AtomicEthRepr, Bth, BthRepr, HeaderRepr, Headers, ICRC_LEN, Icrc, IcrcPrefix, OpKind, Opcode,
@@ -302,7 +302,7 @@ fn local_err(e: AccessError) -> LocalErr {
 /// Execute LOCAL_INV or BIND_MW.
 fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> WcStatus {
     match w.op {
-        WrOpcode::LocalInv { rkey } => match mem.invalidate(actx, rkey) {
+        WrOpcode::LocalInv { rkey } => match mem.invalidate(actx, rkey, Invalidator::Local) {
             Ok(()) => WcStatus::Success,
             Err(_) => WcStatus::LocProtErr,
         },

@@ -11,13 +11,19 @@
 use std::collections::VecDeque;
 
 use super::atomic_cache::AtomicCache;
+use super::read_history::ReadHistory;
 use super::rq::{RecvQueue, RecvWqe, Srq};
 use super::wr::{WcOpcode, WcStatus, WorkCompletion};
-use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
+use crate::mem::{Access, AccessCtx, AccessError, Invalidator, MemoryAccess};
 use crate::wire::{NakCode, OpKind, Packet, Position, Psn, Syndrome};
 
 /// Credit count rxe puts in every ACK: "invalid", end-to-end credits not used.
 pub(super) const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
+
+/// How far ahead of the expected PSN a request may be and still draw a NAK-sequence (a
+/// packet lost in a requester's window makes the next ones arrive at most a window ahead;
+/// rxe's and softrdma's windows are 128 PSNs). Farther requests are dropped and counted.
+pub const NAK_SEQ_WINDOW: i32 = 1024;
 
 /// A queued answer.
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +76,12 @@ pub struct RespCounters {
     pub naks_sent: u64,
     /// Atomics answered from the replay cache.
     pub atomic_replays: u64,
+    /// Duplicate READ/atomic requests dropped: no READ executed at that PSN asked for those
+    /// bytes under that key, or no atomic result is remembered for it.
+    pub duplicates_dropped: u64,
+    /// Requests too far ahead of the expected PSN to come from the peer's send window,
+    /// dropped without a NAK-sequence.
+    pub far_ahead_dropped: u64,
     /// Acknowledgements sent for requests that did not ask for one (lazily: no requested ACK
     /// covered them in time).
     pub lazy_acks: u64,
@@ -105,6 +117,7 @@ pub struct RecvSide {
     pub(super) resp_cap: usize,
     pub(super) rd_atomic_queued: usize,
     pub(super) cache: AtomicCache,
+    pub(super) reads: ReadHistory,
     /// Path MTU in bytes.
     pub mtu: u32,
     /// Remote rights granted.
@@ -147,6 +160,7 @@ impl RecvSide {
             resp_cap: cap,
             rd_atomic_queued: 0,
             cache: AtomicCache::new(usize::from(super::qp_state::MAX_RD_ATOMIC)),
+            reads: ReadHistory::new(usize::from(super::qp_state::MAX_RD_ATOMIC)),
             mtu: 1024,
             access: Access::NONE,
             min_rnr_timer: 12,
@@ -162,6 +176,7 @@ impl RecvSide {
         self.resp.clear();
         self.rd_atomic_queued = 0;
         self.cache.clear();
+        self.reads.clear();
         self.msg = InMsg::Idle;
         self.nak_seq_sent = false;
         self.msn = 0;
@@ -334,6 +349,12 @@ impl RecvSide {
     ) -> RespOutcome {
         let psn = pkt.hdr.bth.psn;
         let d = psn.diff(self.epsn);
+        if d > NAK_SEQ_WINDOW {
+            // No requester's window reaches this far: a forged or stray packet. Answering it
+            // would make the real requester go back and resend its whole window.
+            c.far_ahead_dropped += 1;
+            return RespOutcome::Ok;
+        }
         if d > 0 {
             if !self.nak_seq_sent {
                 self.nak_seq_sent = true;
@@ -410,7 +431,9 @@ impl RecvSide {
         };
         let qpn = actx.qpn;
         let end = u64::from(offset) + pkt.payload.len() as u64;
-        if end > wqe.sges.total_len() {
+        // A message longer than the largest one (2 GiB) is refused before its offset could
+        // wrap, whatever the receive buffers hold.
+        if end > wqe.sges.total_len() || end > super::MAX_MSG_SIZE {
             cq.push_back(self.recv_wc(
                 qpn,
                 wqe.wr_id,
@@ -456,7 +479,7 @@ impl RecvSide {
             wc.imm_data = pkt.hdr.immdt;
             wc.solicited = pkt.hdr.bth.se;
             if let Some(rkey) = pkt.hdr.ieth {
-                if mem.invalidate(actx, rkey).is_err() {
+                if mem.invalidate(actx, rkey, Invalidator::Remote).is_err() {
                     wc.status = WcStatus::LocProtErr;
                     cq.push_back(wc);
                     return self.nak(psn, NakCode::InvalidRequest, c);

@@ -3,6 +3,7 @@
 //! duplicate requests of every kind: re-ACK, READ served again from the requested offset,
 //! atomic answered from the cache.
 
+use super::read_history::ReadRecord;
 use super::requester::packets_for;
 use super::responder::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response};
 use crate::mem::{Access, AccessCtx, AtomicOp, MemoryAccess};
@@ -10,8 +11,9 @@ use crate::wire::{NakCode, OpKind, Packet};
 
 impl RecvSide {
     /// Room for one more READ/atomic request (the negotiated depth, and the answer queue).
+    /// A depth of 0 accepts none (as rxe: the request is NAKed as invalid).
     pub(super) fn rd_atomic_room(&self) -> bool {
-        self.rd_atomic_queued < usize::from(self.max_dest_rd_atomic.max(1))
+        self.rd_atomic_queued < usize::from(self.max_dest_rd_atomic)
             && self.resp.len() < self.resp_cap
     }
 
@@ -19,7 +21,7 @@ impl RecvSide {
     /// stream while the original requests are still queued, so duplicates may use twice
     /// the negotiated depth (still bounded).
     fn dup_room(&self) -> bool {
-        self.rd_atomic_queued < 2 * usize::from(self.max_dest_rd_atomic.max(1))
+        self.rd_atomic_queued < 2 * usize::from(self.max_dest_rd_atomic)
             && self.resp.len() < self.resp_cap
     }
 
@@ -63,7 +65,15 @@ impl RecvSide {
             msn,
         });
         self.rd_atomic_queued += 1;
-        self.epsn = psn.add(packets_for(u64::from(reth.dma_len), self.mtu));
+        let npkts = packets_for(u64::from(reth.dma_len), self.mtu);
+        self.reads.insert(ReadRecord {
+            first: psn,
+            npkts: npkts.max(1),
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+        });
+        self.epsn = psn.add(npkts);
         RespOutcome::Ok
     }
 
@@ -82,7 +92,9 @@ impl RecvSide {
         if !self.access.contains(Access::REMOTE_ATOMIC) {
             return self.nak(psn, NakCode::RemoteAccessError, c);
         }
-        if !self.rd_atomic_room() {
+        // Misalignment is judged before the key is looked at, so that the NAK code does not
+        // tell a key-guessing peer whether its key exists.
+        if !self.rd_atomic_room() || !a.va.is_multiple_of(8) {
             return self.nak(psn, NakCode::InvalidRequest, c);
         }
         let op = if kind == OpKind::CompareSwap {
@@ -123,8 +135,14 @@ impl RecvSide {
                 self.push_ack(last, NO_CREDITS);
             }
             OpKind::ReadRequest => {
-                // READ is executed again: the data is re-read.
+                // Served again only as the READ executed at that PSN (same key, a subset of
+                // its bytes), re-read from memory; anything else is dropped.
                 let Some(reth) = pkt.hdr.reth else { return };
+                let repeats = self.reads.find(psn).is_some_and(|r| r.covers(&reth));
+                if !repeats {
+                    c.duplicates_dropped += 1;
+                    return;
+                }
                 if !self.dup_room() || !self.access.contains(Access::REMOTE_READ) {
                     return;
                 }
@@ -154,13 +172,15 @@ impl RecvSide {
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 // Never executed twice: answered from the replay cache, or dropped.
-                if let Some(orig) = self.cache.get(psn)
-                    && self.dup_room()
-                {
-                    c.atomic_replays += 1;
-                    let msn = self.msn;
-                    self.resp.push_back(Response::Atomic { psn, orig, msn });
-                    self.rd_atomic_queued += 1;
+                match self.cache.get(psn) {
+                    Some(orig) if self.dup_room() => {
+                        c.atomic_replays += 1;
+                        let msn = self.msn;
+                        self.resp.push_back(Response::Atomic { psn, orig, msn });
+                        self.rd_atomic_queued += 1;
+                    }
+                    Some(_) => {}
+                    None => c.duplicates_dropped += 1,
                 }
             }
             _ => {}

@@ -1,0 +1,326 @@
+//! A connected but hostile peer against the sans-IO responder, over a real memory table:
+//! requests crafted with `wire`, handed to the victim QP by hand, and everything the victim
+//! answers inspected. The victim has an advertised region and a secret one (never
+//! advertised) in its PD, and a region in another PD.
+
+use std::net::Ipv4Addr;
+
+use softrdma::mem::{
+    Access, AccessCtx, MemConfig, MemSource, MemoryAccess, MemoryTable, MrInfo, PinMode,
+};
+use softrdma::rc::{Mtu, NAK_SEQ_WINDOW, Qp, QpAttr, QpCap, QpInit, RecvWr, Sge, WcStatus};
+use softrdma::wire::{
+    AtomicEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, OpKind, Opcode, Packet, Psn,
+    RethRepr, Syndrome,
+};
+
+const VICTIM: u32 = 0x22;
+const PEER: u32 = 0x11;
+const EPSN: u32 = 7000;
+const SECRET: u8 = 0x5e;
+const PUBLIC: u8 = 0xa0;
+
+struct Victim {
+    mem: MemoryTable,
+    pd: u32,
+    qp: Qp,
+    public: MrInfo,
+    secret: MrInfo,
+    other_pd: MrInfo,
+    buf: Vec<u8>,
+}
+
+/// What the victim sent: kind, PSN, syndrome, payload.
+type Out = (OpKind, Psn, Option<Syndrome>, Vec<u8>);
+
+fn victim(max_dest_rd_atomic: u8) -> Victim {
+    let mem = MemoryTable::new(MemConfig {
+        pin_mode: PinMode::OnDemand,
+        ..MemConfig::default()
+    })
+    .unwrap();
+    let pd = mem.alloc_pd().unwrap();
+    let pd2 = mem.alloc_pd().unwrap();
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let public = mem
+        .reg_mr(pd, MemSource::owned(vec![PUBLIC; 4096]), all, None)
+        .unwrap();
+    let secret = mem
+        .reg_mr(pd, MemSource::owned(vec![SECRET; 8192]), all, None)
+        .unwrap();
+    let other_pd = mem
+        .reg_mr(pd2, MemSource::owned(vec![SECRET; 4096]), all, None)
+        .unwrap();
+    let mut qp = Qp::new(QpInit {
+        qp_num: VICTIM,
+        pd,
+        cap: QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        },
+        srq: None,
+        sq_sig_all: false,
+    })
+    .unwrap();
+    qp.connect(&QpAttr {
+        qp_access_flags: all,
+        av: Some(IcrcContext::v4(
+            Ipv4Addr::new(127, 0, 0, 2),
+            Ipv4Addr::new(127, 0, 0, 1),
+            0xc022,
+        )),
+        path_mtu: Mtu::Mtu1024,
+        rq_psn: EPSN,
+        sq_psn: 1,
+        max_rd_atomic: 4,
+        max_dest_rd_atomic,
+        min_rnr_timer: 1,
+        dest_qp_num: PEER,
+        ..QpAttr::default()
+    })
+    .unwrap();
+    Victim {
+        mem,
+        pd,
+        qp,
+        public,
+        secret,
+        other_pd,
+        buf: vec![0u8; 8192],
+    }
+}
+
+fn request(op: Opcode, psn: u32) -> HeaderRepr {
+    let mut h = HeaderRepr::new(BthRepr::new(op, VICTIM, Psn::new(psn)));
+    h.bth.ack_req = true;
+    h
+}
+
+fn read_req(psn: u32, va: u64, rkey: u32, dma_len: u32) -> HeaderRepr {
+    let mut h = request(Opcode::RC_READ_REQUEST, psn);
+    h.reth = Some(RethRepr { va, rkey, dma_len });
+    h
+}
+
+impl Victim {
+    fn inject(&mut self, hdr: HeaderRepr, payload: &[u8]) {
+        let pkt = Packet {
+            hdr,
+            payload,
+            icrc: 0,
+        };
+        self.qp.handle_packet(0, &pkt, &self.mem, None);
+    }
+
+    /// Everything the victim has to send.
+    fn drain(&mut self) -> Vec<Out> {
+        let mut out = Vec::new();
+        while let Some(len) = self.qp.poll_transmit(0, &self.mem, &mut self.buf) {
+            let pkt = Packet::parse(&self.buf[..len]).unwrap();
+            let kind = pkt.hdr.bth.opcode.info().unwrap().kind;
+            let syn = pkt.hdr.aeth.map(|a| a.syndrome);
+            out.push((kind, pkt.hdr.bth.psn, syn, pkt.payload.to_vec()));
+            assert!(out.len() < 10_000, "the victim does not stop sending");
+        }
+        out
+    }
+
+    fn counters(&self) -> softrdma::rc::RespCounters {
+        self.qp.counters().resp
+    }
+
+    fn region_ok(&self, mr: &MrInfo) -> bool {
+        let ctx = AccessCtx {
+            pd: self.pd,
+            qpn: VICTIM,
+        };
+        self.mem
+            .check(ctx, mr.rkey, mr.iova, 1, Access::REMOTE_READ)
+            .is_ok()
+    }
+}
+
+fn no_secret(out: &[Out]) {
+    for (kind, psn, _, payload) in out {
+        assert!(
+            !payload.contains(&SECRET),
+            "secret bytes left in a {kind:?} at PSN {psn:?}"
+        );
+    }
+}
+
+/// A duplicate READ (a PSN behind the expected one) is served again only as the READ that
+/// was executed at that PSN: same R_Key, a subset of its bytes. On the old code every one of
+/// the forged duplicates below returned the secret region's bytes, and a bad key drew no NAK.
+#[test]
+fn duplicate_reads_are_served_only_as_the_read_they_repeat() {
+    let mut v = victim(4);
+    let (pub_va, pub_key) = (v.public.iova, v.public.rkey);
+    let (sec_va, sec_key) = (v.secret.iova, v.secret.rkey);
+    // A legitimate READ of 2 KiB of the advertised region (2 response packets).
+    v.inject(read_req(EPSN, pub_va, pub_key, 2048), &[]);
+    let out = v.drain();
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|o| o.0 == OpKind::ReadResponse));
+    assert!(out.iter().all(|o| o.3.iter().all(|b| *b == PUBLIC)));
+
+    let dropped = v.counters().duplicates_dropped;
+    let forged = [
+        // A PSN where no READ ever ran, naming the secret region.
+        read_req(EPSN - 5, sec_va, sec_key, 64),
+        // The READ's own PSN with another key.
+        read_req(EPSN, sec_va, sec_key, 64),
+        // Its second PSN with another key.
+        read_req(EPSN + 1, sec_va, sec_key, 1024),
+        // The same key, more bytes than the READ asked for.
+        read_req(EPSN, pub_va, pub_key, 4096),
+        // The same key, bytes before the READ's range.
+        read_req(EPSN, pub_va - 1, pub_key, 16),
+        // The other PD's region, and a key nobody has.
+        read_req(EPSN - 1, v.other_pd.iova, v.other_pd.rkey, 64),
+        read_req(EPSN - 2, 0x1000, 0x1234_5678, 1 << 30),
+    ];
+    let n = forged.len() as u64;
+    for h in forged {
+        v.inject(h, &[]);
+    }
+    let out = v.drain();
+    assert!(out.is_empty(), "forged duplicates were answered: {out:?}");
+    assert_eq!(v.counters().duplicates_dropped, dropped + n);
+
+    // A genuine re-request of the second half is served again, from the memory.
+    v.inject(read_req(EPSN + 1, pub_va + 1024, pub_key, 1024), &[]);
+    let out = v.drain();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (out[0].0, out[0].1),
+        (OpKind::ReadResponse, Psn::new(EPSN + 1))
+    );
+    assert_eq!(out[0].3, vec![PUBLIC; 1024]);
+    no_secret(&out);
+    // The QP is healthy: a new request at the expected PSN is served.
+    v.inject(read_req(EPSN + 2, pub_va, pub_key, 8), &[]);
+    let out = v.drain();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].3, vec![PUBLIC; 8]);
+}
+
+/// A request far ahead of the expected PSN cannot come from the peer's send window: it is
+/// dropped and counted, and no NAK-sequence makes the real requester resend its window. On
+/// the old code any PSN ahead drew a NAK-sequence.
+#[test]
+fn far_ahead_requests_draw_no_nak_sequence() {
+    let mut v = victim(4);
+    let (va, key) = (v.public.iova, v.public.rkey);
+    for ahead in [NAK_SEQ_WINDOW as u32 + 1, 5000, 1 << 22, (1 << 23) - 1] {
+        let mut h = request(Opcode::RC_WRITE_ONLY, EPSN + ahead);
+        h.reth = Some(RethRepr {
+            va,
+            rkey: key,
+            dma_len: 8,
+        });
+        v.inject(h, &[1; 8]);
+    }
+    assert!(v.drain().is_empty());
+    assert_eq!(v.counters().far_ahead_dropped, 4);
+    assert_eq!(v.counters().seq_naks_sent, 0);
+    // Just ahead (a packet lost in the window): one NAK-sequence, for the expected PSN.
+    let mut h = request(Opcode::RC_WRITE_ONLY, EPSN + 3);
+    h.reth = Some(RethRepr {
+        va,
+        rkey: key,
+        dma_len: 8,
+    });
+    v.inject(h, &[1; 8]);
+    let out = v.drain();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].1, out[0].2),
+        (
+            Psn::new(EPSN),
+            Some(Syndrome::Nak(NakCode::PsnSequenceError))
+        )
+    );
+}
+
+fn atomic_req(psn: u32, va: u64, rkey: u32) -> HeaderRepr {
+    let mut h = request(Opcode::RC_FETCH_ADD, psn);
+    h.atomic_eth = Some(AtomicEthRepr {
+        va,
+        rkey,
+        swap_add: 1,
+        compare: 0,
+    });
+    h
+}
+
+/// The NAK for a misaligned atomic does not tell whether its key exists: both are Invalid
+/// Request. On the old code a valid key drew Invalid Request and a bad one Remote Access
+/// Error.
+#[test]
+fn misaligned_atomic_naks_do_not_reveal_keys() {
+    let mut naks = Vec::new();
+    for good in [true, false] {
+        let mut v = victim(4);
+        let key = if good { v.secret.rkey } else { 0x0bad_0b00 };
+        let va = v.secret.iova + 4;
+        v.inject(atomic_req(EPSN, va, key), &[]);
+        let out = v.drain();
+        assert_eq!(out.len(), 1);
+        naks.push(out[0].2);
+    }
+    assert_eq!(naks[0], naks[1], "the NAK depends on the key");
+    assert_eq!(naks[0], Some(Syndrome::Nak(NakCode::InvalidRequest)));
+}
+
+/// A responder that negotiated no READ/atomic depth refuses them (as rxe), rather than
+/// serving one at a time.
+#[test]
+fn zero_responder_depth_refuses_reads_and_atomics() {
+    for atomic in [false, true] {
+        let mut v = victim(0);
+        let h = if atomic {
+            atomic_req(EPSN, v.public.iova, v.public.rkey)
+        } else {
+            read_req(EPSN, v.public.iova, v.public.rkey, 8)
+        };
+        v.inject(h, &[]);
+        let out = v.drain();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].2, Some(Syndrome::Nak(NakCode::InvalidRequest)));
+    }
+}
+
+/// A SEND with Invalidate naming a region's R_Key (which is also its L_Key) is refused: the
+/// receive completes in error and the region stays valid. On the old code the peer
+/// invalidated the region, denying its owner local use of it.
+#[test]
+fn send_with_invalidate_cannot_revoke_a_region() {
+    let mut v = victim(4);
+    let sge = [Sge {
+        addr: v.secret.iova,
+        length: 64,
+        lkey: v.secret.lkey,
+    }];
+    v.qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: &sge,
+    })
+    .unwrap();
+    let mut h = request(Opcode::RC_SEND_ONLY_INV, EPSN);
+    h.ieth = Some(v.public.rkey);
+    v.inject(h, &[7; 8]);
+    let out = v.drain();
+    assert_eq!(out.len(), 1);
+    assert!(matches!(out[0].2, Some(Syndrome::Nak(_))), "{out:?}");
+    let wc = v.qp.poll_completion().expect("no receive completion");
+    assert_eq!(wc.wr_id, 9);
+    assert_ne!(wc.status, WcStatus::Success);
+    assert_eq!(wc.invalidated_rkey, None);
+    assert!(v.region_ok(&v.public), "the peer revoked a region");
+    assert!(v.region_ok(&v.secret));
+}
