@@ -900,3 +900,135 @@ fn changes_wait_for_outstanding_loans() {
     let back: Vec<u8> = back.downcast().unwrap();
     assert_eq!(back, vec![3u8; 4096]);
 }
+
+/// A peer's atomic on raw memory the application made read-only (or unmapped) after
+/// registering it is refused with `Fault`, and changes nothing; it never raises a signal. The
+/// old code probed only readability and then ran the CPU atomic: SIGSEGV, the whole process
+/// gone.
+#[test]
+fn atomics_on_read_only_or_unmapped_raw_memory_fault() {
+    let t = table();
+    let pd = t.alloc_pd().unwrap();
+    let len = 4096;
+    // SAFETY: a fresh private anonymous mapping owned by this test.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping stays until the end of the test (the region is deregistered first);
+    // its protection changes are what the test is about.
+    let src = unsafe { MemSource::raw(p.cast(), len) };
+    let mr = t.reg_mr(pd, src, LW | RA, None).unwrap();
+    let c = ctx(pd);
+    let faa = AtomicOp::FetchAdd { add: 5 };
+    assert_eq!(t.atomic(c, mr.rkey, mr.iova + 8, faa), Ok(0));
+    assert_eq!(t.atomic(c, mr.rkey, mr.iova + 8, faa), Ok(5));
+    // SAFETY: changes the protection of the test's own mapping.
+    assert_eq!(unsafe { libc::mprotect(p, len, libc::PROT_READ) }, 0);
+    for op in [
+        faa,
+        AtomicOp::CompareSwap {
+            compare: 10,
+            swap: 1,
+        },
+        AtomicOp::CompareSwap {
+            compare: 99,
+            swap: 1,
+        },
+    ] {
+        assert_eq!(
+            t.atomic(c, mr.rkey, mr.iova + 8, op),
+            Err(AccessError::Fault(mr.rkey)),
+            "{op:?} on read-only memory"
+        );
+    }
+    // SAFETY: reads 8 bytes of the (readable) mapping.
+    let v = unsafe { core::ptr::read_volatile(p.cast::<u8>().add(8).cast::<u64>()) };
+    assert_eq!(v, 10, "a refused atomic changed the memory");
+    // SAFETY: unmaps the test's own mapping; the region is deregistered below.
+    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    let r = t.atomic(c, mr.rkey, mr.iova + 16, faa);
+    assert!(
+        matches!(
+            r,
+            Err(AccessError::Fault(_) | AccessError::Invalidated(_) | AccessError::Suspended(_))
+        ),
+        "{r:?}"
+    );
+    let _ = t.dereg_mr(mr.lkey);
+}
+
+/// A file-backed region whose file the application truncates: every later access fails with
+/// `Fault` instead of raising SIGBUS in the engine (the old code copied with `memcpy` from its
+/// mapping). A file sealed against shrinking keeps plain copies and zero-copy lending. Device
+/// memory's memfd cannot be resized by the application at all.
+#[test]
+fn truncated_files_fault_and_device_memory_is_sealed() {
+    let t = table();
+    let pd = t.alloc_pd().unwrap();
+    let c = ctx(pd);
+    let f = memfd(16384);
+    let keep = f.try_clone().unwrap();
+    let fr = t
+        .reg_mr(pd, MemSource::file(f, 4096, 8192), ALL, Some(0))
+        .unwrap();
+    t.write(c, fr.rkey, 8000, b"file", RW).unwrap();
+    assert!(
+        t.lend(c, fr.lkey, 0, 64, Access::NONE).unwrap().is_none(),
+        "a truncatable file was lent"
+    );
+    keep.set_len(0).unwrap();
+    let mut out = [0u8; 4];
+    assert_eq!(
+        t.read(c, fr.rkey, 8000, &mut out, RR),
+        Err(AccessError::Fault(fr.rkey))
+    );
+    assert_eq!(
+        t.write(c, fr.rkey, 100, b"x", RW),
+        Err(AccessError::Fault(fr.rkey))
+    );
+    assert_eq!(
+        t.atomic(c, fr.rkey, 64, AtomicOp::FetchAdd { add: 1 }),
+        Err(AccessError::Fault(fr.rkey))
+    );
+    t.dereg_mr(fr.lkey).unwrap();
+
+    // Sealed against shrinking: plain copies, lent to the transmit path.
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a NUL-terminated name; the returned fd is owned by the File below.
+    let fd =
+        unsafe { libc::memfd_create(c"s".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+    let sf = unsafe { std::fs::File::from_raw_fd(fd) };
+    sf.set_len(8192).unwrap();
+    // SAFETY: fcntl on the test's own descriptor.
+    assert_eq!(
+        unsafe { libc::fcntl(sf.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+        0
+    );
+    let sr = t
+        .reg_mr(pd, MemSource::file(sf, 0, 8192), ALL, Some(0))
+        .unwrap();
+    assert!(t.lend(c, sr.lkey, 0, 64, Access::NONE).unwrap().is_some());
+    t.dereg_mr(sr.lkey).unwrap();
+
+    let d = t
+        .reg_mr(pd, MemSource::device(8192, PageSize::Base), ALL, None)
+        .unwrap();
+    let dfd = t.device_memory_fd(d.lkey).unwrap();
+    assert!(dfd.set_len(0).is_err(), "device memory could be truncated");
+    assert!(
+        dfd.set_len(1 << 20).is_err(),
+        "device memory could be grown"
+    );
+    t.write(c, d.rkey, d.iova + 8191, &[1], RW).unwrap();
+    t.dereg_mr(d.lkey).unwrap();
+}

@@ -3,7 +3,7 @@
 //! `munmap` can pull this memory away while it is registered.
 
 use std::fs::File;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -108,7 +108,7 @@ impl Arena {
                 limit: self.limit,
             });
         }
-        let mut flags = libc::MFD_CLOEXEC;
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         if page == PageSize::Huge2M {
             flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
         }
@@ -123,6 +123,14 @@ impl Arena {
             op: "ftruncate",
             errno: e.raw_os_error().unwrap_or(0),
         })?;
+        // The application may map the memfd (`device_memory_fd`) but never resize it: a
+        // shrink would leave the engine's mapping over missing pages (SIGBUS on a peer's
+        // access).
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a file descriptor this function owns.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(MemError::last_os("fcntl(F_ADD_SEALS)"));
+        }
         let map = if rounded == 0 {
             None
         } else {

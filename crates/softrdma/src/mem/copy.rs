@@ -26,13 +26,15 @@
 //!
 //! # Atomics on raw regions
 //! No system call performs a 64-bit compare-and-swap or fetch-and-add on another address
-//! with fault handling, and emulating one with `process_vm_readv` + `process_vm_writev` is
-//! not atomic. An atomic on a raw region therefore first reads its 8 bytes with
-//! `process_vm_readv` (a missing page fails with `Fault`) and then executes the CPU atomic.
-//! What remains: if the application unmaps the page in the few hundred nanoseconds between
-//! that probe and the instruction, the instruction faults and the process receives `SIGSEGV`
-//! (or `SIGBUS` for a truncated file). An unmap that precedes the atomic, including one the
-//! watcher has already turned into an invalidation, is caught.
+//! with fault handling. softrdma's atomics are atomic with respect to the device
+//! (`IBV_ATOMIC_HCA`: other RDMA atomics, not the application's CPU instructions), so an
+//! atomic on a raw region is executed under one process-wide lock as a kernel-checked read of
+//! its 8 bytes, the operation, and a kernel-checked write of the result: every softrdma
+//! atomic on raw memory, of any device of the process, is serialised by that lock, and a
+//! missing page (unmapped, or a file truncated under it) or a read-only one fails with
+//! `Fault`, never a signal. The 8 naturally aligned bytes lie in one page, so the write is
+//! all or nothing. A CPU atomic here instead would fault on memory made read-only or unmapped
+//! after the registration, which a peer could trigger at will.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -163,13 +165,34 @@ pub(crate) unsafe fn atomic_in(
     addr: *mut u8,
     op: AtomicOp,
 ) -> Result<u64, Faulted> {
-    if mode == CopyMode::Checked {
-        let mut probe = [0u8; 8];
-        // SAFETY: `probe` is a live local; the kernel checks `addr`.
-        unsafe { vm_copy(addr, probe.as_mut_ptr(), 8, false)? };
+    if mode == CopyMode::Plain {
+        // SAFETY: forwarded from the caller.
+        return Ok(unsafe { atomic(addr, op) });
     }
-    // SAFETY: forwarded from the caller (for `Checked`, the page was present just now).
-    Ok(unsafe { atomic(addr, op) })
+    // Checked: see the module documentation.
+    static RAW_ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = RAW_ATOMICS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cur = [0u8; 8];
+    // SAFETY: `cur` is a live local; the kernel checks `addr`.
+    unsafe { vm_copy(addr, cur.as_mut_ptr(), 8, false)? };
+    let orig = u64::from_ne_bytes(cur);
+    // Written back even when unchanged (a failed compare): memory the peer may not write must
+    // refuse the atomic either way, and under the lock no softrdma atomic changed it since.
+    let out = apply(orig, op).to_ne_bytes();
+    // SAFETY: `out` is a live local; the kernel checks `addr` (present and writable).
+    unsafe { vm_copy(out.as_ptr(), addr, 8, true)? };
+    Ok(orig)
+}
+
+/// The value `op` leaves in place of `orig`.
+fn apply(orig: u64, op: AtomicOp) -> u64 {
+    match op {
+        AtomicOp::CompareSwap { compare, swap } if orig == compare => swap,
+        AtomicOp::CompareSwap { .. } => orig,
+        AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+    }
 }
 
 /// Copy `src` to `dst`.

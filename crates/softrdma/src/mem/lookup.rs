@@ -13,11 +13,12 @@ use super::{
 };
 
 impl MemoryTable {
-    /// How a region's bytes are reached: raw memory as the table is configured, memory the
-    /// engine keeps mapped with plain copies.
+    /// How a region's bytes are reached: memory that may vanish under the engine (raw
+    /// memory, a file the application can still truncate) as the table is configured for raw
+    /// memory, memory the engine keeps mapped and whole with plain copies.
     #[inline]
     fn copy_mode(&self, st: &MrState) -> CopyMode {
-        if st.backing.is_raw() {
+        if st.backing.is_raw() || st.backing.may_vanish() {
             self.raw_copy
         } else {
             CopyMode::Plain
@@ -166,7 +167,7 @@ impl MemoryAccess for MemoryTable {
                 return Err(AccessError::Misaligned(iova));
             }
             // SAFETY: 8 validated bytes of a live region, 8-byte aligned (checked just above);
-            // for raw memory see `copy::atomic_in` for the one case it does not cover.
+            // raw memory is reached by the kernel's checked copies (`copy::atomic_in`).
             unsafe { copy::atomic_in(m, p, op) }.map_err(|_| AccessError::Fault(key))
         })
     }

@@ -141,11 +141,13 @@ impl MemSource {
                 ptr,
                 len,
                 hold: Hold::Owned(obj),
+                shrinkable: false,
             }),
             SourceKind::Raw { ptr, len, remap } => Ok(Backing {
                 ptr: if len == 0 { dangling } else { ptr },
                 len,
                 hold: Hold::Raw(remap),
+                shrinkable: false,
             }),
             SourceKind::File { file, offset, len } => {
                 if len == 0 {
@@ -153,12 +155,14 @@ impl MemSource {
                         ptr: dangling,
                         len,
                         hold: Hold::File(None, file, offset),
+                        shrinkable: false,
                     });
                 }
                 match MmapOptions::new().offset(offset).len(len).map_raw(&file) {
                     Ok(map) => Ok(Backing {
                         ptr: map.as_mut_ptr(),
                         len,
+                        shrinkable: !sealed_against_shrinking(&file),
                         hold: Hold::File(Some(map), file, offset),
                     }),
                     Err(e) => Err(RegError::new(
@@ -178,10 +182,19 @@ impl MemSource {
                     ptr: buf.ptr(),
                     len,
                     hold: Hold::Device(buf),
+                    shrinkable: false,
                 })
             }
         }
     }
+}
+
+/// Whether `file` carries `F_SEAL_SHRINK` (nobody can truncate it any more).
+fn sealed_against_shrinking(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl(F_GET_SEALS) on a descriptor `file` owns; it reads the seals only.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
 }
 
 /// What keeps a backing's bytes alive.
@@ -200,6 +213,10 @@ pub(crate) struct Backing {
     ptr: *mut u8,
     len: usize,
     hold: Hold,
+    /// A file the application can still truncate under the engine's mapping (not sealed
+    /// with `F_SEAL_SHRINK`): its bytes are reached with kernel-checked copies, so that a
+    /// truncation makes a peer's access fail instead of raising SIGBUS.
+    shrinkable: bool,
 }
 
 // SAFETY: the bytes at `ptr` are only touched through validated copies and atomics that
@@ -219,6 +236,11 @@ impl Backing {
     /// True for raw memory (which the application may unmap or move under us).
     pub(crate) fn is_raw(&self) -> bool {
         matches!(self.hold, Hold::Raw(_)) && self.len > 0
+    }
+    /// True when the bytes may vanish under the engine's own mapping (a file not sealed
+    /// against shrinking): they must be copied with kernel-checked copies, never lent.
+    pub(crate) fn may_vanish(&self) -> bool {
+        self.shrinkable && self.len > 0
     }
     /// The remap policy a raw source asked for.
     pub(crate) fn remap_request(&self) -> Option<RemapPolicy> {
@@ -290,6 +312,7 @@ impl Backing {
             ptr: core::ptr::NonNull::<u8>::dangling().as_ptr(),
             len: 0,
             hold: Hold::Empty,
+            shrinkable: false,
         }
     }
 }
