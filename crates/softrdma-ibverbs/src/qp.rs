@@ -90,15 +90,17 @@ fn by_qpn() -> std::sync::MutexGuard<'static, HashMap<(usize, u32), usize>> {
 
 /// A completion with an error status arrived for QP `qpn` of `shared`: report
 /// `IBV_EVENT_QP_FATAL` once (the QP is in the error state now).
+///
+/// One thread may poll a CQ while another destroys a QP whose completions are in it, so the
+/// QP is reached only while the `BY_QPN` lock is held: `ibv_destroy_qp` takes the QP out of
+/// that map (under the same lock) before it frees it.
 pub fn report_fatal(shared: &Arc<Shared>, qpn: u32) {
-    let Some(p) = by_qpn().get(&(Arc::as_ptr(shared) as usize, qpn)).copied() else {
+    let map = by_qpn();
+    let Some(p) = map.get(&(Arc::as_ptr(shared) as usize, qpn)).copied() else {
         return;
     };
     let qp = p as *mut ibv_qp;
-    if !registry::contains(qp, Kind::Qp) {
-        return;
-    }
-    // SAFETY: a live QP of ours (the application cannot destroy it while it polls its CQ).
+    // SAFETY: in the map, so not yet freed; it stays allocated while `map` is held.
     let q = unsafe { &*qp.cast::<Qp>() };
     if !q.fatal_reported.swap(true, Ordering::AcqRel) {
         shared.async_event(ibv_async_event {
@@ -106,6 +108,7 @@ pub fn report_fatal(shared: &Arc<Shared>, qpn: u32) {
             event_type: IBV_EVENT_QP_FATAL,
         });
     }
+    drop(map);
 }
 
 fn live_cq<'a>(cq: *mut ibv_cq, shared: &Arc<Shared>) -> Result<&'a Cq, c_int> {
@@ -241,9 +244,16 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if !registry::remove(qp, Kind::Qp) {
             return Err(libc::EINVAL);
         }
-        // SAFETY: claimed from the registry: a live Qp (from Box::into_raw) only we hold.
+        // Out of the event map first: a concurrent `report_fatal` finishes with it before the
+        // lock is ours, and none reaches it afterwards.
+        {
+            // SAFETY: claimed from the registry: a live Qp, freed only below.
+            let q = unsafe { &*qp.cast::<Qp>() };
+            by_qpn().remove(&(Arc::as_ptr(&q.shared) as usize, q.qp.qp_num));
+        }
+        // SAFETY: claimed from the registry and out of the event map: a live Qp (from
+        // Box::into_raw) that nothing else reaches any more.
         let q = unsafe { Box::from_raw(qp.cast::<Qp>()) };
-        by_qpn().remove(&(Arc::as_ptr(&q.shared) as usize, q.qp.qp_num));
         // SAFETY: CQs, SRQ and PD cannot be destroyed while this QP counts against them.
         unsafe {
             (*q.qp.send_cq.cast::<Cq>())
