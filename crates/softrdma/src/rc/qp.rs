@@ -185,6 +185,12 @@ impl Qp {
     pub fn send_queue_len(&self) -> usize {
         self.send.sq.len()
     }
+    /// The PSN the responder expects next (its ePSN): a request below it is a duplicate, one
+    /// above it out of sequence. Drivers that build requests against the responder's state
+    /// (tests, fuzzers) read it here.
+    pub fn expected_psn(&self) -> Psn {
+        self.recv.epsn
+    }
     /// Receives posted to the QP's own receive queue and not yet consumed.
     pub fn recv_queue_len(&self) -> usize {
         self.recv.rq.len()
