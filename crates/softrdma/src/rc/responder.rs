@@ -21,8 +21,9 @@ use crate::wire::{NakCode, OpKind, Packet, Position, Psn, Syndrome};
 pub(super) const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
 
 /// How far ahead of the expected PSN a request may be and still draw a NAK-sequence (a
-/// packet lost in a requester's window makes the next ones arrive at most a window ahead;
-/// rxe's and softrdma's windows are 128 PSNs). Farther requests are dropped and counted.
+/// packet lost in a requester's window makes the next ones arrive at most a window ahead:
+/// rxe's window is 128 PSNs, a softrdma device's 1024). Farther requests are dropped and
+/// counted.
 pub const NAK_SEQ_WINDOW: i32 = 1024;
 
 /// A queued answer.
