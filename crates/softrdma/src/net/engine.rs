@@ -8,7 +8,8 @@
 //!   `poll_cq` also receives). Datagrams are taken only under that lock, so one QP's packets
 //!   are handled in arrival order. Each packet's ICRC is verified (see [`Engine::verify`]), the
 //!   QP is found by destination QPN, the packet is accepted only from the address the QP is
-//!   connected to, and the QP's answers go out in one batch.
+//!   connected to (and, once latched, the peer's UDP source port: see
+//!   [`QpBody::peer_src_port`]), and the QP's answers go out in one batch.
 //! * **Timers** — the engine thread wakes for the earliest QP deadline.
 
 use std::collections::{HashMap, VecDeque};
@@ -51,7 +52,8 @@ pub struct EngineCounters {
     pub rx_icrc_solved: AtomicU64,
     /// Packets for an unknown QP.
     pub rx_unknown_qp: AtomicU64,
-    /// Packets from an address other than the QP's peer.
+    /// Packets from an address other than the QP's peer: another IP, or another UDP source
+    /// port than the one latched (see [`QpBody::peer_src_port`]).
     pub rx_wrong_peer: AtomicU64,
     /// Datagrams sent (a GSO datagram counts once).
     pub tx_datagrams: AtomicU64,
@@ -76,6 +78,14 @@ pub struct QpBody {
     pub qp: Qp,
     /// Where its packets go (set from the address vector on INIT→RTR).
     pub peer: Option<SocketAddr>,
+    /// The UDP source port the peer sends this QP's packets from, latched from the first
+    /// packet from the peer's IP that the transport accepted as progress (an in-order request,
+    /// or an acknowledgement or response for outstanding work: [`Qp::progress_mark`] moved);
+    /// from then on packets from any other port are dropped (`rx_wrong_peer`). RoCEv2 leaves
+    /// the source port to the sender: softrdma sends from its device's port, Linux rxe from a
+    /// port of its own per QP, stable for the QP's life. Cleared when the address vector is
+    /// set again.
+    pub peer_src_port: Option<u16>,
     tx: TxBatch,
     /// Payload lent for the packet being built (moves into `tx`).
     gather: Gather,
@@ -204,6 +214,7 @@ impl QpCell {
             body: Mutex::new(QpBody {
                 qp,
                 peer: None,
+                peer_src_port: None,
                 tx: qp_tx_batch(max),
                 gather: Gather::with_capacity(LEND_MAX_PIECES),
                 deltas: Vec::with_capacity(4),
@@ -938,10 +949,18 @@ impl Engine {
                 continue;
             };
             let mut body = cell.lock();
-            if body.peer.map(|p| p.ip()) != Some(d.src.ip()) {
+            if body.peer.map(|p| p.ip()) != Some(d.src.ip())
+                || body.peer_src_port.is_some_and(|p| p != d.src.port())
+            {
                 self.counters.rx_wrong_peer.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            // Not latched yet: the first datagram whose packets the transport accepts as
+            // progress names the peer's source port.
+            let mark = body
+                .peer_src_port
+                .is_none()
+                .then(|| body.qp.progress_mark());
             self.handle_packet(now, &cell, &mut body, &pkt);
             for (k, seg) in segs.by_ref() {
                 done += 1;
@@ -953,6 +972,9 @@ impl Engine {
                     break;
                 }
                 self.handle_packet(now, &cell, &mut body, &p);
+            }
+            if mark.is_some_and(|m| m != body.qp.progress_mark()) {
+                body.peer_src_port = Some(d.src.port());
             }
             let due = self.drive_inner(&cell, &mut body, now, true);
             drop(body);
