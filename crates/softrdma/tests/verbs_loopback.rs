@@ -1123,3 +1123,210 @@ fn a_source_resumed_on_new_memory_is_sent_from_it() {
         println!("{mode:?}: {mixed} packets of the first half sent after the resume");
     }
 }
+
+/// A peer played by two test sockets on the peer's IP: the genuine one, on the port the QP
+/// sends to (softrdma's device port), and a forger on another port of the same IP.
+struct FakePeer {
+    genuine: softrdma::net::UdpPort,
+    forger: softrdma::net::UdpPort,
+    batch: softrdma::net::RxBatch,
+    qpn: u32,
+    to: std::net::SocketAddr,
+}
+
+impl FakePeer {
+    fn new(ip: [u8; 4], port: u16, qpn: u32, to: std::net::SocketAddr) -> FakePeer {
+        use softrdma::net::{PortOptions, RxBatch, UdpPort};
+        let opts = PortOptions {
+            nonblocking: true,
+            gro: false,
+            ..PortOptions::default()
+        };
+        let genuine = UdpPort::bind((IpAddr::from(ip), port).into(), opts).unwrap();
+        let forger = UdpPort::bind((IpAddr::from(ip), 0).into(), opts).unwrap();
+        assert_ne!(genuine.local_addr().port(), forger.local_addr().port());
+        FakePeer {
+            genuine,
+            forger,
+            batch: RxBatch::new(8, 9000),
+            qpn,
+            to,
+        }
+    }
+
+    /// Wait (up to 2 s) for the QP to send the genuine peer a request with this PSN
+    /// (retransmissions of earlier ones are skipped).
+    fn expect_psn(&mut self, psn: u32) {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(2) {
+            let n = self.genuine.recv(&mut self.batch).unwrap_or(0);
+            for i in 0..n {
+                let d = self.batch.get(i).unwrap();
+                for seg in d.segments() {
+                    let p = softrdma::wire::Packet::parse(seg).unwrap();
+                    if p.hdr.bth.psn.value() == psn {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        panic!("the QP sent no request with PSN {psn} within 2 s");
+    }
+
+    /// Send one packet with `hdr` and `payload` from the genuine port or the forger's.
+    fn send(&self, forged: bool, hdr: softrdma::wire::HeaderRepr, payload: &[u8]) {
+        use softrdma::net::TxBatch;
+        use softrdma::wire::{IcrcContext, IpHeader, Packet};
+        use std::net::IpAddr::V4;
+        let from = if forged { &self.forger } else { &self.genuine };
+        let (V4(src), V4(dst)) = (from.local_addr().ip(), self.to.ip()) else {
+            unreachable!("IPv4 only")
+        };
+        let ctx = IcrcContext {
+            ip: IpHeader::V4 {
+                src,
+                dst,
+                id: 0,
+                dont_fragment: true,
+            },
+            src_port: from.local_addr().port(),
+            dst_port: self.to.port(),
+        };
+        let pkt = Packet {
+            hdr,
+            payload,
+            icrc: 0,
+        };
+        let mut buf = [0u8; 512];
+        let n = pkt.emit(&ctx, &mut buf).unwrap();
+        let mut tx = TxBatch::new(1, n);
+        assert!(tx.push(self.to, &buf[..n], n as u16));
+        from.send(&mut tx).unwrap();
+    }
+
+    /// An acknowledgement (ACK, NAK or RNR NAK) of `psn` for the QP.
+    fn ack(&self, forged: bool, psn: u32, syndrome: softrdma::wire::Syndrome, msn: u32) {
+        use softrdma::wire::{AethRepr, BthRepr, HeaderRepr, Opcode, Psn};
+        let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, self.qpn, Psn::new(psn)));
+        h.aeth = Some(AethRepr { syndrome, msn });
+        self.send(forged, h, &[]);
+    }
+}
+
+/// Wait (up to 2 s) until `counter` exceeds `before`.
+fn wait_count(counter: &std::sync::atomic::AtomicU64, before: u64, what: &str) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t0 = std::time::Instant::now();
+    while counter.load(Relaxed) <= before && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(counter.load(Relaxed) > before, "{what}: not counted");
+}
+
+/// The peer filter checks the UDP source port too: once the QP has heard from its peer's
+/// port, acknowledgements (ACK, NAK, RNR NAK) and requests from the peer's IP but another
+/// port are dropped and counted in `rx_wrong_peer`, and the outstanding work completes
+/// normally with the genuine acknowledgement.
+#[test]
+fn forged_acks_and_requests_from_another_port_of_the_peer_are_dropped() {
+    use softrdma::wire::{BthRepr, HeaderRepr, NakCode, Opcode, Psn, RethRepr, Syndrome};
+    use std::sync::atomic::Ordering::Relaxed;
+    const PORT: u16 = 24805;
+    let a = side([127, 0, 4, 1], PORT, PollMode::Blocking);
+    let mut peer = FakePeer::new(
+        [127, 0, 4, 2],
+        PORT,
+        a.qp.qp_num(),
+        (a.dev.addr(), PORT).into(),
+    );
+    let (sq_psn, rq_psn) = (1000, 5000);
+    let attr = QpAttr {
+        path_mtu: Mtu::Mtu1024,
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        dest_qp_num: 0x77,
+        sq_psn,
+        rq_psn,
+        ..QpAttr::default()
+    };
+    a.qp.connect(IpAddr::from([127, 0, 4, 2]), &attr).unwrap();
+    let src = a.pd.reg_buffer(vec![3u8; 8], Access::LOCAL_WRITE).unwrap();
+    let dst =
+        a.pd.reg_buffer(vec![0u8; 8], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let write = |id: u64| {
+        let sge = [src.sge(0, 8)];
+        let wr = SendWr::new(
+            id,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0x1000,
+                rkey: 0x42,
+            },
+        )
+        .sg(&sge);
+        a.qp.post_send(&wr).unwrap();
+    };
+    let c = a.dev.counters();
+    let ack = Syndrome::Ack { credits: 0x1f };
+
+    // The first WRITE is acknowledged from the genuine port, which the QP then latches.
+    write(1);
+    let p1 = sq_psn;
+    peer.expect_psn(p1);
+    peer.ack(false, p1, ack, 1);
+    let w = one(&a.cq);
+    assert_eq!((w.wr_id, w.status), (1, WcStatus::Success));
+
+    // A second WRITE is outstanding: a forged remote access NAK, RNR NAK and ACK of it from
+    // the forger's port change nothing.
+    write(2);
+    let p2 = sq_psn + 1;
+    peer.expect_psn(p2);
+    let before = c.rx_wrong_peer.load(Relaxed);
+    peer.ack(true, p2, Syndrome::Nak(NakCode::RemoteAccessError), 1);
+    wait_count(&c.rx_wrong_peer, before, "forged NAK");
+    peer.ack(true, p2, Syndrome::RnrNak { timer: 31 }, 1);
+    wait_count(&c.rx_wrong_peer, before + 1, "forged RNR NAK");
+    peer.ack(true, p2, ack, 2);
+    wait_count(&c.rx_wrong_peer, before + 2, "forged ACK");
+    let got = a.cq.wait(1, Duration::from_millis(30));
+    assert!(
+        got.is_empty(),
+        "a forged acknowledgement was taken: {got:?}"
+    );
+    let qc = a.qp.counters();
+    assert_eq!(qc.comp.rnr_naks_received, 0, "a forged RNR NAK was taken");
+    assert_eq!(a.qp.query().0, QpState::Rts, "a forged NAK was taken");
+    // The genuine ACK completes it.
+    peer.ack(false, p2, ack, 2);
+    let w = one(&a.cq);
+    assert_eq!((w.wr_id, w.status), (2, WcStatus::Success));
+
+    // A forged WRITE request places nothing; the same request from the genuine port does.
+    let mut h = HeaderRepr::new(BthRepr::new(
+        Opcode::RC_WRITE_ONLY,
+        a.qp.qp_num(),
+        Psn::new(rq_psn),
+    ));
+    h.bth.ack_req = true;
+    h.reth = Some(RethRepr {
+        va: dst.iova(),
+        rkey: dst.rkey(),
+        dma_len: 8,
+    });
+    let before = c.rx_wrong_peer.load(Relaxed);
+    peer.send(true, h, &[0xee; 8]);
+    wait_count(&c.rx_wrong_peer, before, "forged WRITE");
+    assert_eq!(
+        dst.to_vec().unwrap(),
+        vec![0u8; 8],
+        "a forged WRITE placed data"
+    );
+    assert_eq!(a.qp.counters().resp.duplicates, 0);
+    peer.send(false, h, &[0x5a; 8]);
+    let t0 = std::time::Instant::now();
+    while dst.to_vec().unwrap() != [0x5a; 8] && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(dst.to_vec().unwrap(), vec![0x5a; 8], "the genuine WRITE");
+}

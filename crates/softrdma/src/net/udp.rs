@@ -245,6 +245,49 @@ fn next_epoch() -> u64 {
     NEXT_EPOCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A transmit arena's bytes. Large arenas are anonymous mappings of their own: their pages
+/// stay the kernel's shared zero page until written, so a QP that only ever sends small
+/// packets costs a page or two of them, not the whole arena. (A heap allocation of that size,
+/// below the allocator's mmap threshold, is zeroed by `calloc`: 64 KiB written per QP, about
+/// half of connection set-up time with thousands of QPs.)
+enum Arena {
+    Heap(Vec<u8>),
+    Mapped(memmap2::MmapMut),
+}
+
+impl Arena {
+    /// Arenas from this size up are mapped.
+    const MAP_FROM: usize = 16 << 10;
+
+    fn new(bytes: usize) -> Arena {
+        if bytes >= Arena::MAP_FROM
+            && let Ok(m) = memmap2::MmapMut::map_anon(bytes)
+        {
+            return Arena::Mapped(m);
+        }
+        Arena::Heap(vec![0; bytes])
+    }
+}
+
+impl std::ops::Deref for Arena {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Arena::Heap(v) => v,
+            Arena::Mapped(m) => m,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Arena {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Arena::Heap(v) => v,
+            Arena::Mapped(m) => m,
+        }
+    }
+}
+
 /// A reusable batch of outgoing datagrams. Packets are built in place in its arena
 /// ([`TxBatch::push_packet`]), or built there around a payload lent from registered memory
 /// ([`TxBatch::push_packet_gather`]), which the kernel then copies straight from the region;
@@ -252,7 +295,7 @@ fn next_epoch() -> u64 {
 /// sizes allow (all but the last of one size, at most [`MAX_GSO_SEGMENTS`], at most
 /// [`MAX_DATAGRAM`] bytes).
 pub struct TxBatch {
-    arena: Vec<u8>,
+    arena: Arena,
     spans: Vec<Span>,
     pieces: Vec<Piece>,
     /// Guards of the lent pieces (one may cover several pieces).
@@ -295,7 +338,7 @@ impl TxBatch {
         // arena piece (its tail).
         let pieces = datagrams + 2 * MAX_LENT;
         TxBatch {
-            arena: vec![0; bytes],
+            arena: Arena::new(bytes),
             spans: vec![Span::default(); datagrams],
             pieces: Vec::with_capacity(pieces),
             lent: Vec::with_capacity(MAX_LENT),

@@ -473,7 +473,7 @@ impl Qp {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<usize> {
-        self.transmit(now, mem, buf, None, false)
+        self.transmit(now, mem, buf, None, false, true)
     }
 
     /// [`Qp::poll_transmit`], with request and READ response payloads from memory that can
@@ -491,7 +491,41 @@ impl Qp {
         hold_ack: bool,
     ) -> Option<usize> {
         gather.clear();
-        self.transmit(now, mem, buf, Some(gather), hold_ack)
+        self.transmit(now, mem, buf, Some(gather), hold_ack, true)
+    }
+
+    /// [`Qp::poll_transmit_gather`] for requests only: answers (READ response streams among
+    /// them) stay queued. A driver that gives each QP a budget of answers per pass uses it
+    /// once the budget is spent, so that a long READ response stream cannot hold back the
+    /// QP's own requests, nor keep the driver from its other QPs.
+    pub fn poll_request_gather(
+        &mut self,
+        now: u64,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+        gather: &mut super::Gather,
+    ) -> Option<usize> {
+        gather.clear();
+        self.transmit(now, mem, buf, Some(gather), true, false)
+    }
+
+    /// True when answers wait to be sent (a lone positive acknowledgement among them).
+    pub fn has_response_work(&self) -> bool {
+        self.recv.has_response()
+    }
+
+    /// True when a request is left to start or continue (see [`Qp::has_transmit_work`]).
+    pub fn has_request_work(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd) && self.send.has_request_work()
+    }
+
+    /// A mark that moves whenever the transport accepts a packet as new progress: the
+    /// responder's expected PSN (an in-order request executed) and the completer's oldest
+    /// unacknowledged PSN (an acknowledgement or response for outstanding work). A driver
+    /// compares it before and after [`Qp::handle_packet`] to tell a packet that passed full
+    /// transport validation from one that was dropped, a duplicate, or a NAK.
+    pub fn progress_mark(&self) -> (u32, u32) {
+        (self.recv.epsn.value(), self.send.comp_psn.value())
     }
 
     /// False when a transmit poll would produce nothing now: no answer waits, and no request
@@ -516,13 +550,14 @@ impl Qp {
         buf: &mut [u8],
         mut gather: Option<&mut super::Gather>,
         hold_ack: bool,
+        responses: bool,
     ) -> Option<usize> {
         let icrc = self.icrc?;
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
             return None;
         }
         let actx = self.actx();
-        if self.recv.has_response() && !(hold_ack && self.recv.has_lone_ack()) {
+        if responses && self.recv.has_response() && !(hold_ack && self.recv.has_lone_ack()) {
             match self
                 .recv
                 .poll_response(actx, mem, &icrc, buf, gather.as_deref_mut())
@@ -534,7 +569,7 @@ impl Qp {
                 Ok(None) => {}
                 Err(Fatal) => {
                     self.enter_error();
-                    return self.transmit(now, mem, buf, gather, hold_ack);
+                    return self.transmit(now, mem, buf, gather, hold_ack, responses);
                 }
             }
         }

@@ -152,6 +152,8 @@ impl Qp {
                 },
             };
             body.peer = Some(SocketAddr::new(ip, av.dst_port));
+            // A new peer: its source port is latched anew.
+            body.peer_src_port = None;
         }
         let now = engine.now();
         engine.drive(&self.cell, &mut body, now);
