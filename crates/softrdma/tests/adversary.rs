@@ -186,44 +186,10 @@ impl Bystander {
 #[test]
 fn a_hostile_peer_reads_no_secret_and_revokes_nothing() {
     let _g = serial();
-    let victim = device(VICTIM);
-    let pd = victim.alloc_pd().unwrap();
-    let cq = victim.create_cq(64, None).unwrap();
-    let public = pd.reg_buffer(vec![PUBLIC; 8192], all()).unwrap();
-    let secret = pd.reg_buffer(vec![SECRET; 8192], all()).unwrap();
-    let qp = pd.create_qp(&QpInitAttr::new(&cq)).unwrap();
-    let attr = |dest: u32, rq: u32, sq: u32| QpAttr {
-        path_mtu: Mtu::Mtu1024,
-        qp_access_flags: all(),
-        dest_qp_num: dest,
-        rq_psn: rq,
-        sq_psn: sq,
-        max_rd_atomic: 4,
-        max_dest_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    qp.connect(IpAddr::from(ATTACKER), &attr(ATTACKER_QPN, EPSN, 1))
-        .unwrap();
-
-    // The bystander's connection to the same device.
-    let bdev = device(BYSTANDER);
-    let bpd = bdev.alloc_pd().unwrap();
-    let bcq = bdev.create_cq(64, None).unwrap();
-    let bqp = bpd.create_qp(&QpInitAttr::new(&bcq)).unwrap();
-    let vqp2 = pd.create_qp(&QpInitAttr::new(&cq)).unwrap();
-    let landing = pd.reg_buffer(vec![0u8; 64], all()).unwrap();
-    vqp2.connect(bdev.addr(), &attr(bqp.qp_num(), 500, 700))
-        .unwrap();
-    bqp.connect(victim.addr(), &attr(vqp2.qp_num(), 700, 500))
-        .unwrap();
-    let by = Bystander {
-        src: bpd.reg_buffer(vec![1u8; 8], Access::LOCAL_WRITE).unwrap(),
-        dst_addr: landing.iova(),
-        dst_rkey: landing.rkey(),
-        dev: bdev,
-        cq: bcq,
-        qp: bqp,
-    };
+    let v = Victim::new();
+    let (public, secret) = (&v.public, &v.secret);
+    let qp = v.qp();
+    let (by, vqp2, _landing) = v.bystander(BYSTANDER);
     let before = by.round_trips(100);
 
     let mut a = Attacker::new(qp.qp_num());
@@ -406,8 +372,8 @@ fn vm_rss_kib() -> u64 {
 
 /// Junk of every kind, from strangers and from the peer's host: random bytes, packets with a
 /// bad ICRC, truncated packets, packets for unknown QPNs, zero-length and 64 KB datagrams,
-/// and well-formed requests from another IP. (Requests from the peer's IP but another port are
-/// still accepted: docs/SECURITY.md, "What remains".) Nothing is placed, the
+/// and well-formed requests from another IP or from the peer's IP on another port once the peer
+/// has latched its own. Nothing is placed, the
 /// counters account for it, the process's memory does not grow, and a bystander's round
 /// trips keep succeeding while it lasts.
 #[test]
@@ -416,8 +382,14 @@ fn junk_floods_change_nothing_and_cost_no_memory() {
     let v = Victim::new();
     let qp = v.qp();
     let (by, _vqp, _landing) = v.bystander([127, 0, 6, 11]);
-    let peer = Attacker::new(qp.qp_num());
+    let mut peer = Attacker::new(qp.qp_num());
+    // The real peer's first request latches its port: from then on the co-tenant on the
+    // peer's host (same IP, another port) is a stranger too.
+    peer.send(read(EPSN, v.public.iova(), v.public.rkey(), 16), &[]);
+    assert_eq!(peer.collect(Duration::from_millis(200)).len(), 1);
+    let peer = peer;
     let stranger = Attacker::at([127, 0, 6, 4], PORT, qp.qp_num());
+    let co_tenant = Attacker::at(ATTACKER, PORT + 1, qp.qp_num());
     let unknown = Attacker::at([127, 0, 6, 4], PORT + 2, qp.qp_num() ^ 0x5a5a);
     let raw = std::net::UdpSocket::bind(SocketAddr::from(([127, 0, 6, 5], 0))).unwrap();
     let victim_addr = SocketAddr::from((VICTIM, PORT));
@@ -476,6 +448,10 @@ fn junk_floods_change_nothing_and_cost_no_memory() {
                     write(EPSN, v.public.iova(), v.public.rkey(), 64),
                     &[0xee; 64],
                 ),
+                5 => co_tenant.send(
+                    write(EPSN + 1, v.public.iova(), v.public.rkey(), 64),
+                    &[0xee; 64],
+                ),
                 _ if i % 70 == 6 => {
                     let _ = raw.send_to(&blob, victim_addr);
                 }
@@ -511,7 +487,7 @@ fn junk_floods_change_nothing_and_cost_no_memory() {
     assert_eq!(qc.resp.seq_naks_sent + qc.resp.naks_sent, 0, "{qc:?}");
     // The real peer is still served.
     let mut peer = peer;
-    peer.send(read(EPSN, v.public.iova(), v.public.rkey(), 16), &[]);
+    peer.send(read(EPSN + 1, v.public.iova(), v.public.rkey(), 16), &[]);
     let out = peer.collect(Duration::from_millis(200));
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(out[0].3, vec![PUBLIC; 16]);
