@@ -3,11 +3,17 @@
 //! prints the connect cost per pair, the WRITE cost per operation (all posted to all
 //! completed, divided by N), the resident memory per QP and whether every WRITE's data was
 //! placed. `--table` runs 1, 10, 100, 1000 and 8000 pairs (or the `--pairs` list given,
-//! comma-separated) and prints one line each.
+//! comma-separated) and prints one line each, with the ratios to the first.
+//!
+//! `--rate` measures the cost of one operation against the QP count instead: 64,000 WRITEs
+//! (`--ops`) spread over the pairs, about 64 (`--window`) outstanding at any time (at least
+//! one per pair), each pair reposting as its WRITEs complete; it prints the wall time per
+//! WRITE and its ratio to the first (1 pair by default).
 //!
 //! ```text
 //! cargo run --release -p softrdma --example qp_scale -- --pairs 8000
 //! cargo run --release -p softrdma --example qp_scale -- --table
+//! cargo run --release -p softrdma --example qp_scale -- --rate --pairs 1,100,1000,8000
 //! ```
 
 use std::net::IpAddr;
@@ -44,126 +50,246 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// Run `pairs` QP pairs between devices on `ip_a` and `ip_b` (UDP port `port`).
-pub fn run(pairs: usize, ip_a: IpAddr, ip_b: IpAddr, port: u16) -> Figures {
-    const LEN: usize = 64;
-    let open = |ip| {
-        let mut cfg = DeviceConfig::new(ip);
-        cfg.port = port;
-        cfg.pin_mode = PinMode::OnDemand;
-        if let Some(b) = std::env::var("QP_SCALE_SOCKBUF")
-            .ok()
-            .and_then(|v| v.parse().ok())
-        {
-            cfg.socket_buffer = b;
-        }
-        Device::open(cfg).expect("open device")
-    };
-    let (da, db) = (open(ip_a), open(ip_b));
-    let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
-    let cqe = (pairs + 16).min(1 << 20) as u32;
-    let (cqa, cqb) = (
-        da.create_cq(cqe, None).unwrap(),
-        db.create_cq(cqe, None).unwrap(),
-    );
-    let src = pa
-        .reg_buffer(vec![0u8; pairs * LEN], Access::LOCAL_WRITE)
-        .unwrap();
-    let dst = pb
-        .reg_buffer(
-            vec![0u8; pairs * LEN],
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        )
-        .unwrap();
-    // Every WRITE carries its own pattern: pair i's 64 bytes start with i.
-    let mut pattern = vec![0u8; pairs * LEN];
-    for (i, c) in pattern.chunks_mut(LEN).enumerate() {
-        c[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
-        c[8..].fill((i % 251) as u8 + 1);
-    }
-    src.write(0, &pattern).unwrap();
-    let mut init = QpInitAttr::new(&cqa);
-    init.cap.max_send_wr = 4;
-    init.cap.max_recv_wr = 4;
-    let mut init_b = QpInitAttr::new(&cqb);
-    init_b.cap = init.cap;
+/// Two devices with `pairs` connected RC QP pairs (send queues of `depth`), a source region
+/// holding every pair's pattern and a destination region on the other device.
+pub struct Pairs {
+    /// Kept open for as long as the QPs live.
+    _devices: (Device, Device),
+    cq: Cq,
+    src: Mr,
+    dst: Mr,
+    pattern: Vec<u8>,
+    qps: Vec<(Qp, Qp)>,
+    /// Create and connect, per pair (µs).
+    pub connect_us: f64,
+    rss0: u64,
+}
 
-    let rss0 = rss_bytes();
-    let t0 = Instant::now();
-    let mut qps = Vec::with_capacity(pairs);
-    for _ in 0..pairs {
-        let qa = pa.create_qp(&init).unwrap();
-        let qb = pb.create_qp(&init_b).unwrap();
-        let (sa, sb) = (random_psn(), random_psn());
-        let mut attr = QpAttr {
-            path_mtu: Mtu::Mtu1024,
-            qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            dest_qp_num: qb.qp_num(),
-            sq_psn: sa,
-            rq_psn: sb,
-            ..QpAttr::default()
+/// Bytes per WRITE.
+const LEN: usize = 64;
+
+impl Pairs {
+    /// Open the devices on `ip_a` and `ip_b` (UDP port `port`) and connect `pairs` pairs.
+    pub fn connect(pairs: usize, depth: u32, ip_a: IpAddr, ip_b: IpAddr, port: u16) -> Pairs {
+        let open = |ip| {
+            let mut cfg = DeviceConfig::new(ip);
+            cfg.port = port;
+            cfg.pin_mode = PinMode::OnDemand;
+            if let Some(b) = std::env::var("QP_SCALE_SOCKBUF")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                cfg.socket_buffer = b;
+            }
+            Device::open(cfg).expect("open device")
         };
-        qa.connect(ip_b, &attr).unwrap();
-        attr.dest_qp_num = qa.qp_num();
-        attr.sq_psn = sb;
-        attr.rq_psn = sa;
-        qb.connect(ip_a, &attr).unwrap();
-        qps.push((qa, qb));
-    }
-    let connect = t0.elapsed();
+        let (da, db) = (open(ip_a), open(ip_b));
+        let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+        let cqe = (pairs * depth as usize + 16).min(1 << 20) as u32;
+        let (cqa, cqb) = (
+            da.create_cq(cqe, None).unwrap(),
+            db.create_cq(cqe, None).unwrap(),
+        );
+        let src = pa
+            .reg_buffer(vec![0u8; pairs * LEN], Access::LOCAL_WRITE)
+            .unwrap();
+        let dst = pb
+            .reg_buffer(
+                vec![0u8; pairs * LEN],
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        // Every WRITE carries its own pattern: pair i's 64 bytes start with i.
+        let mut pattern = vec![0u8; pairs * LEN];
+        for (i, c) in pattern.chunks_mut(LEN).enumerate() {
+            c[..8].copy_from_slice(&(i as u64 + 1).to_le_bytes());
+            c[8..].fill((i % 251) as u8 + 1);
+        }
+        src.write(0, &pattern).unwrap();
+        let mut init = QpInitAttr::new(&cqa);
+        init.cap.max_send_wr = depth;
+        init.cap.max_recv_wr = 4;
+        let mut init_b = QpInitAttr::new(&cqb);
+        init_b.cap = init.cap;
 
-    let t1 = Instant::now();
-    for (i, (qa, _)) in qps.iter().enumerate() {
-        let sge = [src.sge((i * LEN) as u64, LEN as u32)];
+        let rss0 = rss_bytes();
+        let t0 = Instant::now();
+        let mut qps = Vec::with_capacity(pairs);
+        for _ in 0..pairs {
+            let qa = pa.create_qp(&init).unwrap();
+            let qb = pb.create_qp(&init_b).unwrap();
+            let (sa, sb) = (random_psn(), random_psn());
+            let mut attr = QpAttr {
+                path_mtu: Mtu::Mtu1024,
+                qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                dest_qp_num: qb.qp_num(),
+                sq_psn: sa,
+                rq_psn: sb,
+                ..QpAttr::default()
+            };
+            qa.connect(ip_b, &attr).unwrap();
+            attr.dest_qp_num = qa.qp_num();
+            attr.sq_psn = sb;
+            attr.rq_psn = sa;
+            qb.connect(ip_a, &attr).unwrap();
+            qps.push((qa, qb));
+        }
+        let connect = t0.elapsed();
+        drop(cqb);
+        Pairs {
+            _devices: (da, db),
+            cq: cqa,
+            src,
+            dst,
+            pattern,
+            qps,
+            connect_us: connect.as_secs_f64() * 1e6 / pairs as f64,
+            rss0,
+        }
+    }
+
+    /// Post pair `i`'s WRITE (its 64 bytes to its place), work request id `i`.
+    fn post(&self, i: usize) {
+        let sge = [self.src.sge((i * LEN) as u64, LEN as u32)];
         let wr = SendWr::new(
             i as u64,
             WrOpcode::RdmaWrite {
-                remote_addr: dst.iova() + (i * LEN) as u64,
-                rkey: dst.rkey(),
+                remote_addr: self.dst.iova() + (i * LEN) as u64,
+                rkey: self.dst.rkey(),
             },
         )
         .sg(&sge);
-        qa.post_send(&wr).unwrap();
+        self.qps[i].0.post_send(&wr).unwrap();
     }
-    let deadline = Duration::from_secs(5 + pairs as u64 / 1000);
-    let mut ok = 0;
-    let mut done = 0;
-    let mut buf = [EMPTY_WC; 64];
-    while done < pairs && t1.elapsed() < deadline {
-        let k = cqa.poll(&mut buf);
-        for w in &buf[..k] {
-            done += 1;
-            if w.status == WcStatus::Success {
-                ok += 1;
-            } else if done - ok <= 3 {
-                eprintln!("WRITE {} completed with {:?}", w.wr_id, w.status);
+
+    /// Poll completions until `want` more have arrived or `deadline` has passed; `each` sees
+    /// every completion. Returns (completions, successes).
+    fn reap(
+        &self,
+        want: usize,
+        deadline: Duration,
+        mut each: impl FnMut(&WorkCompletion),
+    ) -> (usize, usize) {
+        let t = Instant::now();
+        let (mut done, mut ok) = (0, 0);
+        let mut buf = [EMPTY_WC; 64];
+        while done < want && t.elapsed() < deadline {
+            let k = self.cq.poll(&mut buf);
+            for w in &buf[..k] {
+                done += 1;
+                if w.status == WcStatus::Success {
+                    ok += 1;
+                } else if done - ok <= 3 {
+                    eprintln!("WRITE {} completed with {:?}", w.wr_id, w.status);
+                }
+                each(w);
+            }
+            if k == 0 {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
-        if k == 0 {
-            std::thread::sleep(Duration::from_micros(50));
-        }
+        (done, ok)
     }
+
+    /// Pairs whose 64 bytes arrived intact.
+    fn placed(&self) -> usize {
+        self.dst
+            .to_vec()
+            .unwrap()
+            .chunks(LEN)
+            .zip(self.pattern.chunks(LEN))
+            .filter(|(a, b)| a == b)
+            .count()
+    }
+
+    /// Retransmissions over all requesters.
+    fn retransmits(&self) -> u64 {
+        self.qps
+            .iter()
+            .map(|(qa, _)| qa.counters().comp.retransmits)
+            .sum()
+    }
+}
+
+/// Run `pairs` QP pairs between devices on `ip_a` and `ip_b` (UDP port `port`): one WRITE
+/// posted on every pair at once.
+pub fn run(pairs: usize, ip_a: IpAddr, ip_b: IpAddr, port: u16) -> Figures {
+    let p = Pairs::connect(pairs, 4, ip_a, ip_b, port);
+    let t1 = Instant::now();
+    for i in 0..pairs {
+        p.post(i);
+    }
+    let deadline = Duration::from_secs(5 + pairs as u64 / 1000);
+    let (_, ok) = p.reap(pairs, deadline, |_| {});
     let write = t1.elapsed();
     let rss1 = rss_bytes();
-    let placed = dst
-        .to_vec()
-        .unwrap()
-        .chunks(LEN)
-        .zip(pattern.chunks(LEN))
-        .filter(|(a, b)| a == b)
-        .count();
-    let retransmits = qps
-        .iter()
-        .map(|(qa, _)| qa.counters().comp.retransmits)
-        .sum();
     Figures {
         pairs,
-        connect_us: connect.as_secs_f64() * 1e6 / pairs as f64,
+        connect_us: p.connect_us,
         write_us: write.as_secs_f64() * 1e6 / pairs as f64,
-        rss_per_qp: rss1.saturating_sub(rss0) as f64 / (2 * pairs) as f64,
+        rss_per_qp: rss1.saturating_sub(p.rss0) as f64 / (2 * pairs) as f64,
         ok,
-        placed,
-        retransmits,
+        placed: p.placed(),
+        retransmits: p.retransmits(),
+    }
+}
+
+/// What a message-rate run measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    /// QP pairs.
+    pub pairs: usize,
+    /// WRITEs kept outstanding on each pair.
+    pub depth: u32,
+    /// WRITEs completed successfully.
+    pub ok: usize,
+    /// Wall time per WRITE (µs): the cost of one operation at this QP count.
+    pub write_us: f64,
+    /// Retransmissions over all requesters.
+    pub retransmits: u64,
+    /// Pairs whose data was placed.
+    pub placed: usize,
+}
+
+/// Message rate over `pairs` QP pairs: `ops` WRITEs in all, each pair keeping `window /
+/// pairs` (1 to 64) outstanding and reposting as each completes, so that about `window`
+/// WRITEs are in flight whatever the QP count (at least one per pair).
+pub fn rate(
+    pairs: usize,
+    ops: usize,
+    window: usize,
+    ip_a: IpAddr,
+    ip_b: IpAddr,
+    port: u16,
+) -> Rate {
+    let depth = (window / pairs).clamp(1, 64) as u32;
+    let p = Pairs::connect(pairs, depth, ip_a, ip_b, port);
+    let mut posted = 0;
+    let t = Instant::now();
+    'fill: for _ in 0..depth {
+        for i in 0..pairs {
+            if posted == ops {
+                break 'fill;
+            }
+            p.post(i);
+            posted += 1;
+        }
+    }
+    let deadline = Duration::from_secs(10 + ops as u64 / 10_000);
+    let (_, ok) = p.reap(ops, deadline, |w| {
+        if posted < ops && w.status == WcStatus::Success {
+            p.post(w.wr_id as usize);
+            posted += 1;
+        }
+    });
+    let elapsed = t.elapsed();
+    Rate {
+        pairs,
+        depth,
+        ok,
+        write_us: elapsed.as_secs_f64() * 1e6 / ops as f64,
+        retransmits: p.retransmits(),
+        placed: p.placed(),
     }
 }
 
@@ -175,12 +301,39 @@ fn main() {
             .position(|x| x == name)
             .and_then(|i| args.get(i + 1).cloned())
     };
+    let rate_mode = args.iter().any(|a| a == "--rate");
     let list: Vec<usize> = match arg("--pairs") {
         Some(s) => s.split(',').filter_map(|v| v.parse().ok()).collect(),
+        None if rate_mode => vec![1, 10, 100, 1000, 4000, 8000],
         None if args.iter().any(|a| a == "--table") => vec![1, 10, 100, 1000, 8000],
         None => vec![1000],
     };
+    if rate_mode {
+        let ops: usize = arg("--ops").and_then(|v| v.parse().ok()).unwrap_or(64_000);
+        let window: usize = arg("--window").and_then(|v| v.parse().ok()).unwrap_or(64);
+        println!("pairs  qps  depth  write_us/op  ratio_to_first  ok  placed  retransmits");
+        let mut first = None;
+        for (k, &n) in list.iter().enumerate() {
+            let a = IpAddr::from([127, 0, 6, 2 * k as u8 + 1]);
+            let b = IpAddr::from([127, 0, 6, 2 * k as u8 + 2]);
+            let r = rate(n, ops.max(n), window, a, b, 24900);
+            let base = *first.get_or_insert(r.write_us);
+            println!(
+                "{:>5}  {:>5}  {:>5}  {:>11.2}  {:>14.2}  {:>6}  {:>6}  {:>11}",
+                r.pairs,
+                2 * r.pairs,
+                r.depth,
+                r.write_us,
+                r.write_us / base,
+                r.ok,
+                r.placed,
+                r.retransmits
+            );
+        }
+        return;
+    }
     println!("pairs  connect_us/pair  write_us/op  rss_bytes/qp  ok  placed  retransmits");
+    let mut first: Option<Figures> = None;
     for (k, &n) in list.iter().enumerate() {
         // A fresh pair of addresses per run (sockets of the run before may linger).
         let a = IpAddr::from([127, 0, 6, 2 * k as u8 + 1]);
@@ -190,5 +343,15 @@ fn main() {
             "{:>5}  {:>15.1}  {:>11.2}  {:>12.0}  {:>5}  {:>6}  {:>11}",
             f.pairs, f.connect_us, f.write_us, f.rss_per_qp, f.ok, f.placed, f.retransmits
         );
+        if let Some(b) = first {
+            println!(
+                "       ratio to {} pairs: connect {:.2}x, WRITE {:.2}x",
+                b.pairs,
+                f.connect_us / b.connect_us,
+                f.write_us / b.write_us
+            );
+        } else {
+            first = Some(f);
+        }
     }
 }

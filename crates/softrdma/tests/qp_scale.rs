@@ -1,17 +1,29 @@
-//! Thousands of RC QP pairs between two devices: 2,000 pairs connected, one 64-byte WRITE
+//! Sixteen thousand QPs on two devices: 8,000 RC QP pairs connected, one 64-byte WRITE
 //! posted on each at once; all complete with their data placed, without a retransmission
-//! storm. (`examples/qp_scale.rs` is the benchmark; this runs it small.)
+//! storm. (`examples/qp_scale.rs` is the benchmark; this runs its burst once.)
+//!
+//! The retransmission bound failed before the engine thread took the acknowledgements queued
+//! on its socket ahead of a timer scan: with another build running, 4,670 of the 8,000 WRITEs
+//! were retransmitted although no datagram was lost.
 
 #[path = "../examples/qp_scale.rs"]
 #[allow(dead_code)]
 mod qp_scale;
 
 #[test]
-fn two_thousand_qp_pairs_each_write_once() {
+fn eight_thousand_qp_pairs_each_write_once() {
+    const PAIRS: usize = 8000;
     let t0 = std::time::Instant::now();
-    let f = qp_scale::run(2000, [127, 0, 7, 1].into(), [127, 0, 7, 2].into(), 24806);
+    let f = qp_scale::run(PAIRS, [127, 0, 7, 1].into(), [127, 0, 7, 2].into(), 24806);
     eprintln!("{f:?} in {:?}", t0.elapsed());
-    assert_eq!(f.ok, 2000, "WRITEs completed successfully: {f:?}");
-    assert_eq!(f.placed, 2000, "WRITEs placed: {f:?}");
-    assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{f:?}");
+    assert_eq!(f.ok, PAIRS, "WRITEs completed successfully: {f:?}");
+    assert_eq!(f.placed, PAIRS, "WRITEs placed: {f:?}");
+    // Nothing is lost on loopback: a retransmission is a timer that fired although the
+    // acknowledgement was there. A few may (a thread descheduled for longer than the 67 ms
+    // timeout); a storm may not.
+    assert!(
+        f.retransmits < PAIRS as u64 / 100,
+        "retransmission storm: {f:?}"
+    );
+    assert!(t0.elapsed() < std::time::Duration::from_secs(60), "{f:?}");
 }

@@ -1068,6 +1068,33 @@ impl Engine {
         next
     }
 
+    /// Take what is queued on the socket before a timer scan, when the receive path is this
+    /// thread's: a thread that was off the CPU wakes up late both to its timers and to the
+    /// acknowledgements that would have stopped them, and a scan first would retransmit what
+    /// the peer has already acknowledged (with thousands of QPs, a storm of them).
+    fn receive_before_timers(&self) {
+        /// Receive calls at most (each takes up to 8 batches of `RX_BATCH` datagrams).
+        const ROUNDS: usize = 32;
+        let rx = match self.mode {
+            PollMode::Blocking => Some(self.rx.lock().unwrap_or_else(|e| e.into_inner())),
+            PollMode::BusyPoll
+                if self
+                    .now()
+                    .saturating_sub(self.last_poll.load(Ordering::Relaxed))
+                    > POLLER_ACTIVE =>
+            {
+                self.rx.try_lock().ok()
+            }
+            PollMode::BusyPoll => None,
+        };
+        let Some(mut rx) = rx else { return };
+        for _ in 0..ROUNDS {
+            if self.receive(&mut rx, false) == 0 {
+                break;
+            }
+        }
+    }
+
     /// Note that a QP's timers changed (a post or a packet may arm one): the next progress
     /// call looks at them.
     pub fn timers_changed(&self, deadline: Option<u64>) {
@@ -1100,6 +1127,7 @@ impl Engine {
             // per QP of the device.
             let due = self.next_timer.load(Ordering::Relaxed);
             let next = if self.now() >= due {
+                self.receive_before_timers();
                 self.run_timers()
             } else {
                 Some(due)
