@@ -11,8 +11,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use softrdma::mem::{
     Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemConfig, MemSource, MemoryAccess,
-    MemoryTable,
-    MwType, PinMode, Rereg, WatchMode, key_index,
+    MemoryTable, MwType, PinMode, Rereg, WatchMode, key_index,
 };
 use softrdma_fuzz::{ATOMIC_READONLY_RAW, skip};
 
@@ -502,9 +501,7 @@ impl World {
         let r = self.mem.invalidate(ctx, key, Invalidator::Remote);
         let i = self.find(key);
         let want: Result<(), AccessError> = match i.map(|i| self.objs[i].1.clone()) {
-            _ if bad_slot(key) => {
-                Err(AccessError::InvalidKey(key))
-            }
+            _ if bad_slot(key) => Err(AccessError::InvalidKey(key)),
             None => Err(AccessError::InvalidKey(key)),
             Some(Obj::Mr(m)) if m.pd != ctx.pd => Err(AccessError::WrongPd(key)),
             // A peer never invalidates a region.

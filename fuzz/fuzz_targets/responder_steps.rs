@@ -25,8 +25,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use softrdma::mem::{
     Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemConfig, MemSource, MemoryAccess,
-    MemoryTable,
-    MwType, PinMode, RawCopy, WatchMode,
+    MemoryTable, MwType, PinMode, RawCopy, WatchMode,
 };
 use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, QpState, RecvWr, Sge, WcOpcode};
 use softrdma::wire::{
@@ -915,7 +914,8 @@ impl World {
                 let m = self.keys[i];
                 let ok = match m.window {
                     None => self.mem.invalidate_mr(m.key).is_ok(),
-                    Some(_) => self.mem
+                    Some(_) => self
+                        .mem
                         .invalidate(self.actx(), m.key, Invalidator::Local)
                         .is_ok(),
                 };

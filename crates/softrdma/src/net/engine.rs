@@ -870,6 +870,21 @@ impl Engine {
         done
     }
 
+    /// Handle one datagram as if the socket had just delivered it from `d.src` at `now`:
+    /// verification, demultiplexing, the peer check and the transport, as for a datagram
+    /// received; acknowledgements go out at the end, as in blocking mode. The receive path
+    /// without the socket, for tests and fuzzing. Returns the packets the datagram held.
+    pub fn handle_received(&self, now: u64, d: &Received<'_>) -> usize {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        self.counters.rx_datagrams.fetch_add(1, Ordering::Relaxed);
+        let done = self.handle_datagram(now, d, &mut rx.work);
+        self.flush_pending_at(&mut rx, true, now);
+        self.counters
+            .rx_packets
+            .fetch_add(done as u64, Ordering::Relaxed);
+        done
+    }
+
     /// Verify a received packet's ICRC. The IPv4 identification is not visible to a UDP
     /// socket; softrdma senders use 0 for a lone packet and k for the k-th segment of a GSO
     /// datagram, so that is tried first (a full 32-bit check). Otherwise (a third-party sender
