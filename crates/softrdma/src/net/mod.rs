@@ -5,5 +5,5 @@ pub mod engine;
 pub mod udp;
 
 pub use cq::{ChannelCore, CqCore};
-pub use engine::{Engine, EngineCounters, PollMode, QpBody, QpCell, SrqCore};
+pub use engine::{Engine, EngineCounters, PollMode, QpBody, QpCell, QpGuard, SrqCore};
 pub use udp::{PortOptions, Received, RxBatch, TxBatch, UdpPort};
