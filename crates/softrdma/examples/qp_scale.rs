@@ -299,6 +299,11 @@ pub fn rate(
     });
     let elapsed = t.elapsed();
     let acks = p._devices.1.counters().tx_packets.load(Ordering::Relaxed);
+    if std::env::var_os("QP_SCALE_DEBUG").is_some() {
+        for d in [&p._devices.0, &p._devices.1] {
+            eprintln!("{:?}", d.counters());
+        }
+    }
     Rate {
         pairs,
         depth,

@@ -69,6 +69,8 @@ pub struct EngineCounters {
     /// Times the engine thread received for the device (always in blocking mode; in
     /// busy-poll mode only while no application thread polls).
     pub thread_receives: AtomicU64,
+    /// Scans of the QPs' timers (each reads every QP's published deadline).
+    pub timer_scans: AtomicU64,
 }
 
 /// A QP's mutable half.
@@ -226,7 +228,7 @@ impl std::ops::DerefMut for QpGuard<'_> {
 impl Drop for QpGuard<'_> {
     fn drop(&mut self) {
         let t = self.body.qp.poll_timeout().unwrap_or(u64::MAX);
-        self.deadline.store(t, Ordering::Relaxed);
+        self.deadline.store(t, Ordering::SeqCst);
     }
 }
 
@@ -337,6 +339,9 @@ pub struct Engine {
     /// When pollers next look at the transport timers (ns on the engine clock): the earliest
     /// deadline, or a rescan interval when none is pending.
     next_timer: AtomicU64,
+    /// When the engine thread, asleep, looks at the timers next (engine clock; 0 while it is
+    /// awake or leaves the timers to pollers): a timer armed before then wakes it.
+    timer_watch: AtomicU64,
     /// QPs with answers left over from a drive that spent its budget, served a budget at a
     /// time, round-robin, by whoever drives the device (the engine thread, or pollers in
     /// busy-poll mode).
@@ -382,8 +387,10 @@ const ENGINE_RETRY: u64 = 2_000_000;
 /// (ns).
 const TIMER_SLACK_PER_QP: u64 = 50;
 
-/// With no timer pending, pollers look at the QPs' timers again after this long.
-const TIMER_SCAN: u64 = 1_000_000;
+/// With no timer pending, the QPs' timers are looked at again after this long: a safety net
+/// only, since arming a timer lowers the device's next deadline (and wakes the engine thread
+/// when it sleeps past it).
+const TIMER_SCAN: u64 = 50_000_000;
 
 impl Engine {
     /// An engine on a bound port.
@@ -439,6 +446,7 @@ impl Engine {
             waker_armed: AtomicU64::new(0),
             kick,
             next_timer: AtomicU64::new(0),
+            timer_watch: AtomicU64::new(0),
             tx_pending: Mutex::new(VecDeque::new()),
             tx_pending_len: AtomicUsize::new(0),
             counters: EngineCounters::default(),
@@ -616,7 +624,7 @@ impl Engine {
             self.queue_if_left(cell, body);
         }
         self.drain_completions(cell, body);
-        self.timers_changed(body.qp.poll_timeout());
+        self.publish_deadline(cell, body);
         body.held_ack.due_at()
     }
 
@@ -758,7 +766,8 @@ impl Engine {
             self.flush(&mut body.tx);
         }
         body.held_ack.note(body.qp.holds_ack(), now);
-        // Requests built with it arm the retransmission timer.
+        // Requests built with it arm the retransmission timer (the QP's own deadline is
+        // published when it is unlocked).
         self.timers_changed(body.qp.poll_timeout());
     }
 
@@ -799,6 +808,7 @@ impl Engine {
             let mut body = cell.lock();
             if all || body.held_ack.due(now) {
                 self.release_ack(&mut body, now);
+                self.publish_deadline(cell, &body);
                 self.queue_if_left(cell, &mut body);
             }
             next = next.min(body.held_ack.due_at().unwrap_or(u64::MAX));
@@ -1106,6 +1116,10 @@ impl Engine {
         // lock while holding a body, so this cannot deadlock.
         let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
         let now = self.now();
+        self.counters.timer_scans.fetch_add(1, Ordering::Relaxed);
+        // Deadlines armed from now on lower this again (after publishing their QP's, which
+        // this scan then sees, or lowering it after this store): none is lost.
+        self.next_timer.store(u64::MAX, Ordering::SeqCst);
         for cell in qps.values() {
             // Most QPs are not due: their published deadline says so without their lock.
             let d = cell.deadline();
@@ -1138,7 +1152,7 @@ impl Engine {
         let slack = now + qps.len() as u64 * TIMER_SLACK_PER_QP;
         let next = next.map(|t| t.max(slack));
         self.next_timer
-            .store(next.unwrap_or(now + TIMER_SCAN), Ordering::Relaxed);
+            .fetch_min(next.unwrap_or(now + TIMER_SCAN), Ordering::SeqCst);
         next
     }
 
@@ -1172,9 +1186,24 @@ impl Engine {
     /// Note that a QP's timers changed (a post or a packet may arm one): the next progress
     /// call looks at them.
     pub fn timers_changed(&self, deadline: Option<u64>) {
-        if let Some(t) = deadline {
-            self.next_timer.fetch_min(t, Ordering::Relaxed);
+        let Some(t) = deadline else { return };
+        if t >= self.next_timer.load(Ordering::Relaxed) {
+            return;
         }
+        let was = self.next_timer.fetch_min(t, Ordering::SeqCst);
+        // The engine thread sleeps past it: wake it (once: a later, earlier deadline finds
+        // the watch cleared or lowered by then).
+        if t < was && t < self.timer_watch.load(Ordering::SeqCst) {
+            self.timer_watch.store(0, Ordering::SeqCst);
+            self.kick_thread();
+        }
+    }
+
+    /// Publish a QP's next deadline (for the timer scan) and lower the device's.
+    fn publish_deadline(&self, cell: &QpCell, body: &QpBody) {
+        let t = body.qp.poll_timeout();
+        cell.deadline.store(t.unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.timers_changed(t);
     }
 
     /// Ask the engine thread to stop.
@@ -1227,6 +1256,17 @@ impl Engine {
                 (false, true) => ENGINE_RETRY,
                 (false, false) => IDLE,
             };
+            // While this thread keeps the timers (it watches the socket), a timer armed
+            // before it would wake kicks it; one armed between reading the deadline above and
+            // this is seen here.
+            let wait = if watch_socket {
+                let now = self.now();
+                self.timer_watch.store(now + wait, Ordering::SeqCst);
+                let due = self.next_timer.load(Ordering::SeqCst);
+                wait.min(due.saturating_sub(now))
+            } else {
+                wait
+            };
             let ts = libc::timespec {
                 tv_sec: (wait / 1_000_000_000) as i64,
                 tv_nsec: (wait % 1_000_000_000) as i64,
@@ -1251,6 +1291,7 @@ impl Engine {
             let nfds = if watch_socket { 3 } else { 2 };
             // SAFETY: `fds` holds `nfds` valid pollfds and `ts` is a valid timeout.
             let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            self.timer_watch.store(0, Ordering::SeqCst);
             let ready = n > 0 && fds[2].revents != 0;
             for fd in &fds[..2] {
                 if n > 0 && fd.revents != 0 {
