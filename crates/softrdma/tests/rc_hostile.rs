@@ -329,8 +329,8 @@ fn send_with_invalidate_cannot_revoke_a_region() {
 /// its READs (a timeout while the originals were still queued) and posts a new READ as soon
 /// as the first completes has no more than the negotiated depth outstanding, and must be
 /// served. The old code counted the queued duplicates against the depth and answered the new
-/// READ with a fatal Invalid Request NAK (also seen on the wire by
-/// `adversary::read_storms_at_depth_leave_the_bystander_responsive`).
+/// READ with a fatal Invalid Request NAK (first seen on the wire, after a storm of duplicate
+/// READs in `tests/adversary.rs`).
 #[test]
 fn queued_duplicates_do_not_refuse_a_new_read_within_the_depth() {
     let mut v = victim(4);
