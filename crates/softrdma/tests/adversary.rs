@@ -67,7 +67,8 @@ impl Attacker {
             port,
             victim: SocketAddr::from((VICTIM, PORT)),
             qpn: victim_qpn,
-            rx: RxBatch::new(64, 9000),
+            // Whole GRO datagrams (a smaller buffer truncates the last segment of a stream).
+            rx: RxBatch::new(64, softrdma::net::udp::MAX_DATAGRAM),
         }
     }
 
@@ -275,6 +276,8 @@ struct Victim {
     cq: Cq,
     public: Mr,
     secret: Mr,
+    /// A secret region in another PD than the attacked QPs'.
+    other: Mr,
 }
 
 fn qp_attr(dest: u32, rq: u32, sq: u32) -> QpAttr {
@@ -297,12 +300,18 @@ impl Victim {
         let cq = dev.create_cq(256, None).unwrap();
         let public = pd.reg_buffer(vec![PUBLIC; 8192], all()).unwrap();
         let secret = pd.reg_buffer(vec![SECRET; 8192], all()).unwrap();
+        let other = dev
+            .alloc_pd()
+            .unwrap()
+            .reg_buffer(vec![SECRET; 8192], all())
+            .unwrap();
         Victim {
             dev,
             pd,
             cq,
             public,
             secret,
+            other,
         }
     }
 
@@ -347,6 +356,11 @@ impl Victim {
             self.secret.to_vec().unwrap(),
             vec![SECRET; 8192],
             "secret region"
+        );
+        assert_eq!(
+            self.other.to_vec().unwrap(),
+            vec![SECRET; 8192],
+            "secret region of the other PD"
         );
     }
 }
@@ -653,4 +667,254 @@ fn dead_keys_stay_dead() {
     let mut b = [0u8; 8];
     host.read(128, &mut b).unwrap();
     assert_eq!(b, [1; 8], "bytes placed through a dead key");
+}
+
+/// Key guessing in sequence, at the expected PSN: whatever a guess hits (no region, a region
+/// of another PD, a region out of bounds or without the right) the answer is the same Remote
+/// Access Error NAK, nothing is placed or read, and the QP is dead after it, so every guess
+/// costs the peer a connection.
+#[test]
+fn key_guesses_draw_one_uniform_nak_each() {
+    let _g = serial();
+    let v = Victim::new();
+    let read_only =
+        v.pd.reg_buffer(vec![PUBLIC; 64], Access::REMOTE_READ)
+            .unwrap();
+    let mut rnd = 0x2545_f491_4f6c_dd1du64;
+    let mut guess = move || {
+        rnd ^= rnd << 13;
+        rnd ^= rnd >> 7;
+        rnd ^= rnd << 17;
+        rnd as u32
+    };
+    let mut probes: Vec<(&str, u64, u32, bool)> = Vec::new();
+    for _ in 0..8 {
+        probes.push(("guessed key", v.secret.iova(), guess(), true));
+        probes.push(("guessed key", v.secret.iova(), guess(), false));
+    }
+    probes.extend([
+        ("another PD's key", v.other.iova(), v.other.rkey(), true),
+        ("another PD's key", v.other.iova(), v.other.rkey(), false),
+        (
+            "out of bounds",
+            v.public.iova() + 8192,
+            v.public.rkey(),
+            true,
+        ),
+        (
+            "out of bounds",
+            v.public.iova() + 8190,
+            v.public.rkey(),
+            false,
+        ),
+        ("no right", read_only.iova(), read_only.rkey(), true),
+        ("wrapping address", u64::MAX - 7, v.public.rkey(), false),
+    ]);
+    let mut seen = Vec::new();
+    for (what, va, key, is_write) in probes {
+        let qp = v.qp();
+        let mut a = Attacker::new(qp.qp_num());
+        let h = if is_write {
+            write(EPSN, va, key, 64)
+        } else {
+            read(EPSN, va, key, 64)
+        };
+        a.send(h, if is_write { &[0xee; 64] } else { &[] });
+        // The next guess on the same QP: not answered, the QP is in the error state.
+        a.send(read(EPSN + 1, v.public.iova(), v.public.rkey(), 64), &[]);
+        let out = a.collect(Duration::from_millis(60));
+        assert_eq!(
+            out.iter().map(|o| o.2).collect::<Vec<_>>(),
+            vec![Some(Syndrome::Nak(NakCode::RemoteAccessError))],
+            "{what} ({}): {out:?}",
+            if is_write { "WRITE" } else { "READ" }
+        );
+        assert_eq!(qp.query().0, QpState::Err, "{what}");
+        assert_eq!(qp.counters().resp.naks_sent, 1);
+        seen.extend(out);
+    }
+    assert!(seen.iter().all(|o| o.3.is_empty()));
+    v.untouched();
+    assert_eq!(read_only.to_vec().unwrap(), vec![PUBLIC; 64]);
+}
+
+/// The hostile peer as the responder of the victim's READ: responses too long, too short, at
+/// PSNs not outstanding, of the wrong kind, and ACKs and NAKs for nothing outstanding are
+/// ignored, the bytes around the READ's buffer are never written, and the READ completes
+/// with the one response that fits.
+#[test]
+fn forged_read_responses_place_nothing_outside_the_read() {
+    let _g = serial();
+    let v = Victim::new();
+    let qp = v.qp();
+    let mut a = Attacker::new(qp.qp_num());
+    let sge = [v.public.sge(1024, 64)];
+    let wr = SendWr::new(
+        7,
+        WrOpcode::RdmaRead {
+            remote_addr: 0x10_0000,
+            rkey: 0x1234,
+        },
+    )
+    .sg(&sge);
+    qp.post_send(&wr).unwrap();
+    // The READ request (and perhaps its retransmissions).
+    let out = a.collect(Duration::from_millis(50));
+    assert!(
+        !out.is_empty()
+            && out
+                .iter()
+                .all(|o| o.0 == OpKind::ReadRequest && o.1 == out[0].1),
+        "{out:?}"
+    );
+    let p = out[0].1.value();
+    let resp = |op: Opcode, psn: u32| {
+        let mut h = HeaderRepr::new(BthRepr::new(op, 0, Psn::new(psn)));
+        if op != Opcode::RC_READ_RESPONSE_MIDDLE {
+            h.aeth = Some(softrdma::wire::AethRepr {
+                syndrome: Syndrome::Ack { credits: 0x1f },
+                msn: 1,
+            });
+        }
+        h
+    };
+    let nak = |psn: u32, syndrome| {
+        let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, 0, Psn::new(psn)));
+        h.aeth = Some(softrdma::wire::AethRepr { syndrome, msn: 1 });
+        h
+    };
+    let forged = [
+        (resp(Opcode::RC_READ_RESPONSE_ONLY, p), 1024),
+        (resp(Opcode::RC_READ_RESPONSE_ONLY, p), 32),
+        (resp(Opcode::RC_READ_RESPONSE_ONLY, p), 68),
+        (resp(Opcode::RC_READ_RESPONSE_FIRST, p), 1024),
+        (resp(Opcode::RC_READ_RESPONSE_MIDDLE, p + 1), 1024),
+        (resp(Opcode::RC_READ_RESPONSE_LAST, p + 1), 64),
+        (resp(Opcode::RC_READ_RESPONSE_ONLY, p + 1), 64),
+        (resp(Opcode::RC_READ_RESPONSE_ONLY, p.wrapping_sub(1)), 64),
+        (resp(Opcode::RC_READ_RESPONSE_ONLY, p + 1000), 64),
+        (nak(p + 1, Syndrome::Nak(NakCode::RemoteAccessError)), 0),
+        (nak(p + 5, Syndrome::RnrNak { timer: 31 }), 0),
+        (nak(p.wrapping_sub(3), Syndrome::Ack { credits: 0 }), 0),
+    ];
+    for (h, len) in forged {
+        a.send(h, &vec![SECRET; len]);
+    }
+    // An atomic ACK at the READ's PSN is the wrong kind of response.
+    let mut h = resp(Opcode::RC_ATOMIC_ACK, p);
+    h.atomic_ack_eth = Some(softrdma::wire::AtomicAckEthRepr { orig: 0x5e5e });
+    a.send(h, &[]);
+    std::thread::sleep(Duration::from_millis(30));
+    let mut wc = [EMPTY_WC; 4];
+    assert_eq!(
+        v.cq.poll(&mut wc),
+        0,
+        "a forged response completed the READ"
+    );
+    let c = qp.counters().comp;
+    assert!(c.responses_ignored >= 10, "{c:?}");
+    v.untouched();
+    // The response that fits.
+    a.send(resp(Opcode::RC_READ_RESPONSE_ONLY, p), &[0x33; 64]);
+    let wc = v.cq.wait(1, Duration::from_secs(2));
+    assert_eq!(wc.len(), 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+        (7, WcStatus::Success, 64)
+    );
+    let mut want = vec![PUBLIC; 8192];
+    want[1024..1088].fill(0x33);
+    assert_eq!(v.public.to_vec().unwrap(), want);
+    assert_eq!(qp.query().0, QpState::Rts);
+}
+
+/// READ-depth and starvation DoS: the hostile peer keeps its responder busy at the
+/// negotiated depth with 16 MiB READs, repeats them as duplicates as fast as it can (each
+/// duplicate is served again, within twice the depth) and never reads its socket, for about
+/// a second, while a bystander does WRITE round trips to the same device: their p99 stays
+/// bounded and none fails; afterwards the peer's connection still answers.
+#[test]
+fn read_storms_at_depth_leave_the_bystander_responsive() {
+    const READ: usize = 16 << 20;
+    let _g = serial();
+    let v = Victim::new();
+    let big = v.pd.reg_buffer(vec![PUBLIC; READ], all()).unwrap();
+    let qp = v.qp();
+    let (by, vqp2, _landing) = v.bystander([127, 0, 6, 12]);
+    by.round_trips(20);
+    let a = Attacker::new(qp.qp_num());
+    // PSNs per READ at a 1024-byte MTU.
+    let per = READ as u32 / 1024;
+    let reads = |a: &Attacker| {
+        for r in 0..4 {
+            a.send(
+                read(EPSN + r * per, big.iova(), big.rkey(), READ as u32),
+                &[],
+            );
+        }
+    };
+    let mut rtts = Vec::new();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            let mut rtts = Vec::new();
+            while t0.elapsed() < Duration::from_millis(1000) {
+                rtts.push(by.round_trips(1));
+            }
+            rtts
+        });
+        reads(&a);
+        while t0.elapsed() < Duration::from_millis(1000) {
+            reads(&a);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        rtts = h.join().unwrap();
+    });
+    rtts.sort();
+    let p99 = rtts[rtts.len() * 99 / 100];
+    let max = *rtts.last().unwrap();
+    let c = qp.counters();
+    eprintln!(
+        "{} bystander round trips under READ storms: p50 {:?} p99 {p99:?} max {max:?}; \
+         attacker's QP {c:?}",
+        rtts.len(),
+        rtts[rtts.len() / 2]
+    );
+    assert!(rtts.len() >= 50, "only {} round trips", rtts.len());
+    // A few ms unloaded; scheduling on a loaded 2-core machine adds tens of ms. One 16 MiB
+    // stream built in one pass (the engine before its READ budget) holds the device for
+    // longer than these bounds each time, and the storm queues them back to back.
+    assert!(
+        p99 < Duration::from_millis(60) && max < Duration::from_millis(500),
+        "bystander p99 {p99:?} max {max:?}"
+    );
+    assert_eq!(vqp2.counters().comp.retransmits, 0);
+    assert_eq!(c.resp.naks_sent, 0, "{c:?}");
+    assert!(c.resp.duplicates > 100, "{c:?}");
+    // The storm ends; the peer's own connection is still served (after its backlog).
+    // The storm ends; the peer's own connection is still served. Up to twice the depth of
+    // 16 MiB streams are still queued: the peer waits for them to end (a new READ while its
+    // originals are still being answered would exceed the depth, a fatal Invalid Request).
+    drop(a);
+    let mut a = Attacker::new(qp.qp_num());
+    let end = Instant::now() + Duration::from_secs(10);
+    while !a.collect(Duration::from_millis(100)).is_empty() {
+        assert!(Instant::now() < end, "the READ responses never end");
+    }
+    a.send(
+        read(EPSN + 4 * per, v.public.iova(), v.public.rkey(), 64),
+        &[],
+    );
+    let out = a.collect(Duration::from_millis(500));
+    assert!(
+        out.iter()
+            .any(|o| o.1 == Psn::new(EPSN + 4 * per) && o.3 == vec![PUBLIC; 64]),
+        "no answer to a READ after the storm: {:?} {:?}",
+        out.iter()
+            .map(|o| (o.0, o.1, o.2))
+            .take(8)
+            .collect::<Vec<_>>(),
+        qp.counters()
+    );
+    v.untouched();
 }

@@ -324,3 +324,37 @@ fn send_with_invalidate_cannot_revoke_a_region() {
     assert!(v.region_ok(&v.public), "the peer revoked a region");
     assert!(v.region_ok(&v.secret));
 }
+
+/// Duplicates do not use up the depth new requests are judged by: a requester that resent
+/// its READs (a timeout while the originals were still queued) and posts a new READ as soon
+/// as the first completes has no more than the negotiated depth outstanding, and must be
+/// served. The old code counted the queued duplicates against the depth and answered the new
+/// READ with a fatal Invalid Request NAK (first seen on the wire, after a storm of duplicate
+/// READs in `tests/adversary.rs`).
+#[test]
+fn queued_duplicates_do_not_refuse_a_new_read_within_the_depth() {
+    let mut v = victim(4);
+    let (va, key) = (v.public.iova, v.public.rkey);
+    // Four READs of four packets each, then the same four again.
+    for _ in 0..2 {
+        for r in 0..4 {
+            v.inject(read_req(EPSN + 4 * r, va, key, 4096), &[]);
+        }
+    }
+    // The first READ's stream goes out; the requester completes it and posts a fifth.
+    for _ in 0..4 {
+        assert!(v.qp.poll_transmit(0, &v.mem, &mut v.buf).is_some());
+    }
+    v.inject(read_req(EPSN + 16, va, key, 64), &[]);
+    let out = v.drain();
+    assert!(
+        out.iter().all(|o| !matches!(o.2, Some(Syndrome::Nak(_)))),
+        "{:?}",
+        out.iter().map(|o| (o.1, o.2)).collect::<Vec<_>>()
+    );
+    assert!(
+        out.iter()
+            .any(|o| o.1 == Psn::new(EPSN + 16) && o.3 == vec![PUBLIC; 64])
+    );
+    assert_eq!(v.counters().naks_sent, 0);
+}

@@ -35,7 +35,7 @@ pub(super) enum Response {
         syndrome: Syndrome,
         msn: u32,
     },
-    /// A READ response stream in progress.
+    /// A READ response stream in progress; `dup` when it answers a duplicate.
     Read {
         psn: Psn,
         va: u64,
@@ -43,9 +43,15 @@ pub(super) enum Response {
         remaining: u32,
         started: bool,
         msn: u32,
+        dup: bool,
     },
-    /// An atomic acknowledgement.
-    Atomic { psn: Psn, orig: u64, msn: u32 },
+    /// An atomic acknowledgement; `dup` when it answers a duplicate.
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+        dup: bool,
+    },
 }
 
 /// The message being received.
@@ -116,7 +122,12 @@ pub struct RecvSide {
     msg: InMsg,
     pub(super) resp: VecDeque<Response>,
     pub(super) resp_cap: usize,
+    /// READ/atomic answers queued, duplicates included (at most twice the depth).
     pub(super) rd_atomic_queued: usize,
+    /// Of those, answers to duplicates: they do not count against the depth new requests are
+    /// judged by (a requester resending the READs it has outstanding has no more than the
+    /// depth outstanding; rxe replays a duplicate from the resource it already holds).
+    pub(super) dup_queued: usize,
     pub(super) cache: AtomicCache,
     pub(super) reads: ReadHistory,
     /// Path MTU in bytes.
@@ -160,6 +171,7 @@ impl RecvSide {
             resp: VecDeque::with_capacity(cap),
             resp_cap: cap,
             rd_atomic_queued: 0,
+            dup_queued: 0,
             cache: AtomicCache::new(usize::from(super::qp_state::MAX_RD_ATOMIC)),
             reads: ReadHistory::new(usize::from(super::qp_state::MAX_RD_ATOMIC)),
             mtu: 1024,
@@ -176,6 +188,7 @@ impl RecvSide {
         self.rq.clear();
         self.resp.clear();
         self.rd_atomic_queued = 0;
+        self.dup_queued = 0;
         self.cache.clear();
         self.reads.clear();
         self.msg = InMsg::Idle;
@@ -196,6 +209,7 @@ impl RecvSide {
             )
         });
         self.rd_atomic_queued = 0;
+        self.dup_queued = 0;
         self.msg = InMsg::Idle;
         self.unacked = None;
     }
@@ -259,6 +273,7 @@ impl RecvSide {
         c.naks_sent += 1;
         self.resp.clear();
         self.rd_atomic_queued = 0;
+        self.dup_queued = 0;
         self.push_ack(psn, Syndrome::Nak(code));
         RespOutcome::Fatal
     }

@@ -13,7 +13,7 @@ impl RecvSide {
     /// Room for one more READ/atomic request (the negotiated depth, and the answer queue).
     /// A depth of 0 accepts none (as rxe: the request is NAKed as invalid).
     pub(super) fn rd_atomic_room(&self) -> bool {
-        self.rd_atomic_queued < usize::from(self.max_dest_rd_atomic)
+        self.rd_atomic_queued.saturating_sub(self.dup_queued) < usize::from(self.max_dest_rd_atomic)
             && self.resp.len() < self.resp_cap
     }
 
@@ -63,6 +63,7 @@ impl RecvSide {
             remaining: reth.dma_len,
             started: false,
             msn,
+            dup: false,
         });
         self.rd_atomic_queued += 1;
         let npkts = packets_for(u64::from(reth.dma_len), self.mtu);
@@ -110,7 +111,12 @@ impl RecvSide {
                 self.cache.insert(psn, orig);
                 let msn = self.next_msn();
                 self.unacked = None;
-                self.resp.push_back(Response::Atomic { psn, orig, msn });
+                self.resp.push_back(Response::Atomic {
+                    psn,
+                    orig,
+                    msn,
+                    dup: false,
+                });
                 self.rd_atomic_queued += 1;
                 self.epsn = psn.add(1);
                 RespOutcome::Ok
@@ -167,8 +173,10 @@ impl RecvSide {
                     remaining: reth.dma_len,
                     started: false,
                     msn,
+                    dup: true,
                 });
                 self.rd_atomic_queued += 1;
+                self.dup_queued += 1;
             }
             OpKind::CompareSwap | OpKind::FetchAdd => {
                 // Never executed twice: answered from the replay cache, or dropped.
@@ -176,8 +184,14 @@ impl RecvSide {
                     Some(orig) if self.dup_room() => {
                         c.atomic_replays += 1;
                         let msn = self.msn;
-                        self.resp.push_back(Response::Atomic { psn, orig, msn });
+                        self.resp.push_back(Response::Atomic {
+                            psn,
+                            orig,
+                            msn,
+                            dup: true,
+                        });
                         self.rd_atomic_queued += 1;
+                        self.dup_queued += 1;
                     }
                     Some(_) => {}
                     None => c.duplicates_dropped += 1,

@@ -39,7 +39,12 @@ impl RecvSide {
                 self.resp.pop_front();
                 Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok())
             }
-            Response::Atomic { psn, orig, msn } => {
+            Response::Atomic {
+                psn,
+                orig,
+                msn,
+                dup,
+            } => {
                 let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACK, dest, psn));
                 h.aeth = Some(AethRepr {
                     syndrome: NO_CREDITS,
@@ -47,7 +52,7 @@ impl RecvSide {
                 });
                 h.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                 self.resp.pop_front();
-                self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                self.answered(dup);
                 Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok())
             }
             Response::Read {
@@ -57,6 +62,7 @@ impl RecvSide {
                 remaining,
                 started,
                 msn,
+                dup,
             } => {
                 let plen = remaining.min(self.mtu);
                 let last = plen == remaining;
@@ -109,7 +115,7 @@ impl RecvSide {
                     (Ok(n), _) => {
                         if last {
                             self.resp.pop_front();
-                            self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                            self.answered(dup);
                         } else if let Some(Response::Read {
                             psn,
                             va,
@@ -128,13 +134,14 @@ impl RecvSide {
                     (Err(_), Some(AccessError::Suspended(_))) => {
                         // Stop the stream; the requester times out and asks again.
                         self.resp.pop_front();
-                        self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+                        self.answered(dup);
                         Ok(None)
                     }
                     (Err(_), Some(e)) => {
                         let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
                         self.resp.clear();
                         self.rd_atomic_queued = 0;
+                        self.dup_queued = 0;
                         self.push_ack(psn, Syndrome::Nak(code));
                         Err(Fatal)
                     }
@@ -144,6 +151,17 @@ impl RecvSide {
                     }
                 }
             }
+        }
+    }
+}
+
+impl RecvSide {
+    /// A READ/atomic answer left the queue: its slot is free (a duplicate's among the
+    /// duplicates').
+    fn answered(&mut self, dup: bool) {
+        self.rd_atomic_queued = self.rd_atomic_queued.saturating_sub(1);
+        if dup {
+            self.dup_queued = self.dup_queued.saturating_sub(1);
         }
     }
 }
