@@ -468,6 +468,53 @@ fn madvise_dontneed_invalidates_before_the_pages_are_freed() {
     }
 }
 
+/// A fault the watcher has no event for (the application protected the memory) waits a few
+/// milliseconds for one, since the kernel queues an unmap's event only after the mapping
+/// changed; but only the first fault of a region does. Before, every access waited, so a peer
+/// could stall the receive path 5 ms per packet (20 accesses took over 100 ms here).
+#[test]
+fn only_the_first_fault_of_a_region_waits_for_the_watcher() {
+    let _s = serial();
+    let (t, pd, c) = setup(WatchMode::On);
+    let len = 2 * page_size();
+    let a = map(len);
+    let m = t.reg_mr(pd, raw(a, len), RW, None).unwrap();
+    t.write(c, m.rkey, m.iova, &[1; 8], RW).unwrap();
+    // SAFETY: protects a mapping the test owns; no uffd event is queued for it.
+    assert_eq!(
+        unsafe { libc::mprotect(a as *mut libc::c_void, len, libc::PROT_NONE) },
+        0
+    );
+    let fault = Err(AccessError::Fault(m.rkey));
+    let t0 = Instant::now();
+    assert_eq!(t.write(c, m.rkey, m.iova, &[2; 8], RW), fault);
+    let first = t0.elapsed();
+    let t1 = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(t.write(c, m.rkey, m.iova, &[3; 8], RW), fault);
+        assert_eq!(t.read(c, m.rkey, m.iova, &mut [0; 8], RW), fault);
+    }
+    let rest = t1.elapsed();
+    println!("first fault {first:?}, 40 more {rest:?}");
+    assert!(
+        rest < Duration::from_millis(40),
+        "40 faults of a region that already faulted took {rest:?}"
+    );
+    // SAFETY: as above, readable again for the unmap.
+    assert_eq!(
+        unsafe {
+            libc::mprotect(
+                a as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        },
+        0
+    );
+    t.dereg_mr(m.lkey).unwrap();
+    unmap(a, len);
+}
+
 #[test]
 fn faults_in_watched_ranges_never_wait() {
     let _s = serial();

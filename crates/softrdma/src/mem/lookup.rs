@@ -45,9 +45,11 @@ impl MemoryTable {
         // retry meets the region followed or invalidated. The check runs while the region's
         // state is still read-locked: the watcher write-locks every watched region before it
         // reads events, so the event that explains this fault cannot have been consumed
-        // (and applied) between the fault and the check.
-        let classify = |r: Result<R, AccessError>| match r {
-            Err(AccessError::Fault(_)) if self.coherence.event_pending() => {
+        // (and applied) between the fault and the check. The wait happens once per region:
+        // a region that already faulted without an event (being invalidated) fails at once,
+        // so that a peer cannot stall the receive path a few milliseconds per packet.
+        let classify = |r: Result<R, AccessError>, faulted_before: bool| match r {
+            Err(AccessError::Fault(_)) if !faulted_before && self.coherence.event_pending() => {
                 (Err(AccessError::Suspended(key)), false)
             }
             r => {
@@ -60,14 +62,20 @@ impl MemoryTable {
         let (r, faulted) = match &*g {
             Entry::Mr { key: k, mr } if *k == key => {
                 let st = read(&mr.state);
-                let (r, faulted) = classify(f(st.resolve(key, ctx, iova, len, need)?, mode(&st)));
+                let before = mr.faulted.load(std::sync::atomic::Ordering::Acquire);
+                let (r, faulted) =
+                    classify(f(st.resolve(key, ctx, iova, len, need)?, mode(&st)), before);
                 drop(st);
                 (r, faulted.then(|| (key, Arc::clone(mr))))
             }
             Entry::Mw(mw) if mw.key == key => {
                 let mut faulted = false;
+                let before = mw
+                    .binding
+                    .as_ref()
+                    .is_some_and(|b| b.parent.faulted.load(std::sync::atomic::Ordering::Acquire));
                 let r = mw.access(ctx, iova, len, need, |p, st| {
-                    let (r, fault) = classify(f(p, mode(st)));
+                    let (r, fault) = classify(f(p, mode(st)), before);
                     faulted = fault;
                     r
                 });
