@@ -146,7 +146,10 @@ impl RecvSide {
                         Err(Fatal)
                     }
                     (Err(_), None) => {
+                        // The packet could not be built (no room): the answer is dropped and
+                        // its slot freed; the requester times out and asks again.
                         self.resp.pop_front();
+                        self.answered(dup);
                         Ok(None)
                     }
                 }
