@@ -116,6 +116,58 @@ fn overlapping_and_redundant_count_once() {
     drop(m);
 }
 
+/// Two devices (two contexts) pinning the same pages: the lock is the process's, so the pages
+/// stay locked until the last registration of either device goes, in either order. Before,
+/// each device counted its own pins and the first deregistration unlocked pages the other
+/// device still relied on (VmLck dropped to the base while device B's region was registered).
+#[test]
+fn two_devices_pinning_the_same_pages_share_the_lock() {
+    let _g = serial();
+    let base_lck = vmlck();
+    let base_proc = process_pinned_bytes();
+    let mut m = memmap2::MmapMut::map_anon(8 * PAGE).unwrap();
+    let b = m.as_mut_ptr();
+    for first_a in [true, false] {
+        let (ta, tb) = (pinned_table(None), pinned_table(None));
+        let (pa, pb) = (ta.alloc_pd().unwrap(), tb.alloc_pd().unwrap());
+        // A pins pages 0..4, B pages 2..8: 8 pages in all, 2..4 by both.
+        let ra = reg(&ta, pa, b, 0, 4 * PAGE).unwrap();
+        let rb = reg(&tb, pb, b, 2 * PAGE, 6 * PAGE).unwrap();
+        let pages = |n: usize| (n * PAGE) as u64;
+        assert_eq!(ta.stats().pinned_bytes, pages(4));
+        assert_eq!(tb.stats().pinned_bytes, pages(6));
+        assert_eq!(vmlck() - base_lck, pages(8));
+        assert_eq!(process_pinned_bytes() - base_proc, pages(8));
+        // The first deregistration unlocks only the pages no other registration holds.
+        let (first, second, left) = if first_a {
+            (
+                (&ta, ra.lkey),
+                (&tb, rb.lkey),
+                6, // B's pages 2..8
+            )
+        } else {
+            (
+                (&tb, rb.lkey),
+                (&ta, ra.lkey),
+                4, // A's pages 0..4
+            )
+        };
+        first.0.dereg_mr(first.1).unwrap();
+        assert_eq!(first.0.stats().pinned_bytes, 0);
+        assert_eq!(
+            vmlck() - base_lck,
+            pages(left),
+            "after the first device's deregistration (A first: {first_a})"
+        );
+        assert_eq!(process_pinned_bytes() - base_proc, pages(left));
+        second.0.dereg_mr(second.1).unwrap();
+        assert_eq!(second.0.stats().pinned_bytes, 0);
+        assert_eq!(vmlck(), base_lck);
+        assert_eq!(process_pinned_bytes(), base_proc);
+    }
+    drop(m);
+}
+
 #[test]
 fn on_demand_device_pins_nothing() {
     let _g = serial();
@@ -368,6 +420,42 @@ fn unprivileged_body() {
         "only the application's own lock remains"
     );
     assert_eq!(t.stats().pin_refusals, 2);
+    // SAFETY: unlocking the pages locked above.
+    assert_eq!(
+        unsafe { libc::munlock(b.add(40 * PAGE).cast(), 4 * PAGE) },
+        0
+    );
+    // The limit is the process's: a second device shares what the first pinned, and is
+    // refused what would take the process past the limit although it alone would fit.
+    let t2 = pinned_table(None);
+    let pd2 = t2.alloc_pd().unwrap();
+    let x = reg(&t, pd, b, 0, 12 * PAGE).unwrap();
+    let y = reg(&t2, pd2, b, 4 * PAGE, 8 * PAGE).unwrap();
+    assert_eq!(vmlck() - base_lck, 12 * PAGE as u64);
+    assert_eq!(process_pinned_bytes(), 12 * PAGE as u64);
+    let e = reg(&t2, pd2, b, 32 * PAGE, 8 * PAGE).unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            MemError::PinLimit {
+                needed: 32768,
+                free: 16384,
+                kind: PinLimitKind::Rlimit,
+                ..
+            }
+        ),
+        "{}",
+        e.error
+    );
+    t.dereg_mr(x.lkey).unwrap();
+    assert_eq!(
+        vmlck() - base_lck,
+        8 * PAGE as u64,
+        "device 2's pages stay locked"
+    );
+    t2.dereg_mr(y.lkey).unwrap();
+    assert_eq!(vmlck(), base_lck);
+    assert_eq!(process_pinned_bytes(), 0);
     println!("child: refused as expected");
     drop(m);
 }

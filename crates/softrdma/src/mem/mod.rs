@@ -37,7 +37,10 @@ pub use key::{KEY_TAG_BITS, MAX_KEY_INDEX, key_index, key_tag, make_key};
 pub use lend::{Lent, LentSlice};
 pub use mr_ops::{MrInfo, Rereg};
 pub use mw_ops::{MwBinding, MwInfo};
-pub use pin::{PinLimits, PinMode, has_cap_ipc_lock, page_size, rlimit_memlock, vm_locked_bytes};
+pub use pin::{
+    PinLimits, PinMode, has_cap_ipc_lock, page_size, process_pinned_bytes, rlimit_memlock,
+    vm_locked_bytes,
+};
 pub use source::{MemSource, Returned};
 pub use table::{MemConfig, MemStats, MemoryTable};
 pub use window::MwType;

@@ -18,6 +18,14 @@ pub(crate) struct PageMap {
 }
 
 impl PageMap {
+    /// An empty map.
+    pub(crate) const fn new() -> PageMap {
+        PageMap {
+            map: BTreeMap::new(),
+            pages: 0,
+        }
+    }
+
     /// Number of pages with a non-zero count.
     pub(crate) fn pages(&self) -> u64 {
         self.pages

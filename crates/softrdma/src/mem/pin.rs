@@ -4,15 +4,19 @@
 //! In [`PinMode::Pinned`] every page under a registration is locked with `mlock` and counted
 //! in a [`PageMap`]; a page covered by several (overlapping or redundant) registrations is
 //! locked and counted **once** (Linux's RDMA core would charge it once per registration), and
-//! unlocked only when its last registration goes. The limit is `RLIMIT_MEMLOCK` unless the
-//! process has `CAP_IPC_LOCK` (as the kernel's own `mlock` check), further capped by an optional
-//! per-device quota. A refused registration pins nothing and changes no count.
+//! unlocked only when its last registration goes — of any device of the process: the lock is
+//! the process's (the kernel does not count `mlock`s), so the pages every device pins are
+//! counted once more in one process-wide map, which decides what is locked and unlocked and
+//! what the process has locked against `RLIMIT_MEMLOCK`. The limit is `RLIMIT_MEMLOCK` unless
+//! the process has `CAP_IPC_LOCK` (as the kernel's own `mlock` check), further capped by an
+//! optional per-device quota on the pages the device pins. A refused registration pins nothing
+//! and changes no count.
 //!
 //! Caveat: `munlock` is not reference-counted by the kernel, so if the application itself
 //! `mlock`s pages that the device also pinned, the device's unpin unlocks them too.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use super::pagemap::{PageMap, PageRange};
 use super::{MemError, PinLimitKind};
@@ -47,6 +51,21 @@ pub struct PinLimits {
 pub(crate) struct PinSpan {
     first: u64,
     end: u64,
+}
+
+/// The pages pinned by every device of the process, each counted once per registration of
+/// any device. Taken after a device's own map, never before.
+static PROCESS_PAGES: Mutex<PageMap> = Mutex::new(PageMap::new());
+
+fn process_pages() -> MutexGuard<'static, PageMap> {
+    PROCESS_PAGES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Bytes pinned by all devices of the process together (a page pinned by several devices, or
+/// several registrations, counts once): what the process holds locked against
+/// `RLIMIT_MEMLOCK`, as `VmLck` shows it when nothing else locks memory.
+pub fn process_pinned_bytes() -> u64 {
+    process_pages().pages() << page_size().trailing_zeros()
 }
 
 pub(crate) struct Pinner {
@@ -116,16 +135,25 @@ impl Pinner {
             end: last + 1,
         };
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let gaps = pages.gaps(span.first, span.end);
+        let mut process = process_pages();
+        // New to this device (its quota), and new to the process (to lock, and its limit).
+        let dev_new: u64 = pages
+            .gaps(span.first, span.end)
+            .iter()
+            .map(|(a, b)| (b - a) << shift)
+            .sum();
+        let gaps = process.gaps(span.first, span.end);
         let needed: u64 = gaps.iter().map(|(a, b)| (b - a) << shift).sum();
-        let pinned = pages.pages() << shift;
+        let dev_pinned = pages.pages() << shift;
+        let pinned = process.pages() << shift;
+        if let Some(q) = self.quota
+            && dev_new > 0
+            && dev_pinned + dev_new > q
+        {
+            let free = q.saturating_sub(dev_pinned);
+            return Err(self.refuse(len, dev_new, free, q, PinLimitKind::Quota));
+        }
         if needed > 0 {
-            if let Some(q) = self.quota
-                && pinned + needed > q
-            {
-                let free = q.saturating_sub(pinned);
-                return Err(self.refuse(len, needed, free, q, PinLimitKind::Quota));
-            }
             let rlimit = rlimit_memlock();
             if let (false, Some(r)) = (self.cap_ipc_lock, rlimit)
                 && pinned + needed > r
@@ -139,7 +167,7 @@ impl Pinner {
                         // Best effort: these pages were locked by us a moment ago.
                         let _ = lock_pages(a << shift, (b - a) << shift, false);
                     }
-                    // Over the limit because of memory locked outside this device?
+                    // Over the limit because of memory locked outside softrdma?
                     if let (false, Some(r), true) = (
                         self.cap_ipc_lock,
                         rlimit,
@@ -160,6 +188,8 @@ impl Pinner {
                 }
             }
         }
+        process.add(span.first, span.end);
+        drop(process);
         pages.add(span.first, span.end);
         self.pinned_bytes
             .store(pages.pages() << shift, Ordering::Relaxed);
@@ -173,7 +203,9 @@ impl Pinner {
         let Some(span) = span else { return };
         let shift = self.page_shift;
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let freed: Vec<PageRange> = pages.sub(span.first, span.end);
+        pages.sub(span.first, span.end);
+        // Unlocked only when no registration of any device of the process holds them.
+        let freed: Vec<PageRange> = process_pages().sub(span.first, span.end);
         for (a, b) in freed {
             if let Err(errno) = lock_pages(a << shift, (b - a) << shift, false) {
                 tracing::warn!(errno, start = a << shift, "munlock failed");
@@ -191,7 +223,9 @@ impl Pinner {
         let Some(span) = span else { return };
         let shift = self.page_shift;
         let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        for (a, b) in pages.sub(span.first, span.end) {
+        pages.sub(span.first, span.end);
+        let freed = process_pages().sub(span.first, span.end);
+        for (a, b) in freed {
             for (x, y) in [(a, b.min(gone.0)), (a.max(gone.1), b)] {
                 if x < y
                     && let Err(errno) = lock_pages(x << shift, (y - x) << shift, false)
