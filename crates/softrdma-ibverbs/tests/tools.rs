@@ -260,9 +260,27 @@ fn c_api_sixteen_thousand_qps() {
     eprintln!("{out}");
 }
 
+/// The pinned mode (the default) through verbs.h, as a process without CAP_IPC_LOCK under a
+/// 64 KiB RLIMIT_MEMLOCK: `ibv_reg_mr` beyond the limit fails with ENOMEM and pins nothing;
+/// two contexts registering the same pages share the lock until the last registration goes
+/// (tests/c/pinned.c, checked against VmLck). Needs root to drop the capability (CI).
+#[test]
+fn c_api_pinned_mode_honours_rlimit_memlock_across_devices() {
+    run_c_with(
+        "pinned.c",
+        "softrdma0=127.0.0.57,softrdma1=127.0.0.58",
+        None,
+    );
+}
+
 /// Compile `tests/c/<file>` against verbs.h and our library and run it with `devices`; it
 /// must print "ALL OK" within a minute. Returns what it printed.
 fn run_c(file: &str, devices: &str) -> String {
+    run_c_with(file, devices, Some("on-demand"))
+}
+
+/// [`run_c`] with `SOFTRDMA_PIN` set to `pin` (unset: the default, pinned).
+fn run_c_with(file: &str, devices: &str, pin: Option<&str>) -> String {
     let dir = std::env::temp_dir().join(format!("softrdma-capi-{}-{file}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("prog");
@@ -281,15 +299,17 @@ fn run_c(file: &str, devices: &str) -> String {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let child = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", lib_dir())
+    let mut cmd = Command::new(&exe);
+    cmd.env("LD_LIBRARY_PATH", lib_dir())
         .env("SOFTRDMA_DEVICES", devices)
-        .env("SOFTRDMA_PIN", "on-demand")
+        .env_remove("SOFTRDMA_PIN")
         .env_remove("SOFTRDMA_CONFIG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    if let Some(p) = pin {
+        cmd.env("SOFTRDMA_PIN", p);
+    }
+    let child = cmd.spawn().unwrap();
     let run = wait_bounded(child, Duration::from_secs(60));
     assert_clean_exit(file, &run);
     let text = String::from_utf8_lossy(&run.stdout);
