@@ -56,7 +56,7 @@ fn debian_server_and_rust_client() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    common::wait_listening(18651, Duration::from_secs(20));
     let client = Command::new(example())
         .args([
             "--local",
@@ -104,7 +104,7 @@ fn rust_server_and_debian_client() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    common::wait_listening(18652, Duration::from_secs(20));
     let client = common::on_softrdma("ibv_rc_pingpong", "softrdma0=127.0.0.33")
         .args([
             "-g",

@@ -120,7 +120,7 @@ fn server_client(
         c.spawn().unwrap()
     };
     let server = spawn(server_ip, None);
-    std::thread::sleep(Duration::from_millis(400));
+    common::wait_listening(port.parse().unwrap(), Duration::from_secs(20));
     let client = wait_bounded(spawn(client_ip, Some(server_ip)), Duration::from_secs(60));
     let server = wait_bounded(server, Duration::from_secs(10));
     let what = format!("{tool_name} {}", args.join(" "));

@@ -1,6 +1,8 @@
 //! The examples run as separate processes: the three-process spin-lock, rc_pingpong (busy-poll,
 //! event mode, and sleeping in poll(2) on the channel's descriptor) and write_bw.
 
+mod support;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -91,7 +93,7 @@ fn rc_pingpong_server_and_client() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        support::wait_listening(port.parse().unwrap(), Duration::from_secs(20));
         let out = run(
             Command::new(example("rc_pingpong"))
                 .args(["--local", "127.0.2.20"])
@@ -125,7 +127,7 @@ fn write_bw_streams_writes() {
         .args(["--local", "127.0.2.31"])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    support::wait_listening(18700, Duration::from_secs(20));
     let out = run(
         Command::new(example("write_bw")).args([
             "--local",

@@ -251,11 +251,28 @@ fn as_root_cap_ipc_lock_bypasses_rlimit() {
     let base_lck = vmlck();
     let t = pinned_table(None);
     let pd = t.alloc_pd().unwrap();
+    // A small soft limit for the length of the test (the hard one stays), whatever the
+    // process was started with: an unlimited one would leave nothing to check.
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with valid pointers; this binary's pinning tests run one
+    // at a time (`serial`), and the limit is restored below.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old), 0);
+        let small = libc::rlimit {
+            rlim_cur: old.rlim_max.min(64 << 10),
+            rlim_max: old.rlim_max,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &small), 0);
+    }
     let lim = t.pin_limits();
     assert_eq!(lim.cap_ipc_lock, has_cap_ipc_lock());
-    let Some(rl) = lim.rlimit_memlock.filter(|r| *r <= 64 << 20) else {
-        return;
-    };
+    let rl = lim
+        .rlimit_memlock
+        .expect("a finite RLIMIT_MEMLOCK was just set");
+    assert!(rl <= 64 << 10, "{rl}");
     let len = rl as usize + 4 * PAGE;
     let r = t.reg_mr(
         pd,
@@ -274,6 +291,10 @@ fn as_root_cap_ipc_lock_bypasses_rlimit() {
                 ..
             }
         ));
+    }
+    // SAFETY: as above; restores the limit the process had.
+    unsafe {
+        assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &old), 0);
     }
     assert_eq!(vmlck(), base_lck);
 }
