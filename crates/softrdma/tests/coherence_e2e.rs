@@ -722,6 +722,16 @@ fn write_bw_owned_vs_raw() {
             }
         }
     }
+    // Every WRITE completed successfully (checked above); every byte of every target arrived.
+    for (name, _, mr) in &targets {
+        let v = mr.to_vec().unwrap();
+        assert!(v.iter().all(|&b| b == 7), "{name}: not every byte placed");
+    }
+    // A ratio of 0 or infinity would be a broken measurement, not a figure.
+    assert!(
+        results.iter().all(|(_, g)| g.is_finite() && *g > 0.0),
+        "{results:?}"
+    );
     let base = results[0].1;
     println!(
         "owned memory with the watcher and checked copies on vs off: {:.2}",
