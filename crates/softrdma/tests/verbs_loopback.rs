@@ -157,6 +157,62 @@ fn local_wr_waits_for_a_suspended_region() {
     assert_eq!(dst.to_vec().unwrap(), vec![9u8; 8192]);
 }
 
+/// A SEND of 16 MiB whose receive buffer is suspended while it arrives: the sender sees RNR
+/// waits only, and the message completes with every byte once the buffer is resumed. Before,
+/// a packet after the first that met the suspended buffer completed the receive with
+/// LOC_PROT_ERR and tore the connection down.
+#[test]
+fn a_send_into_a_buffer_suspended_mid_message_completes_after_resume() {
+    use std::time::Instant;
+    const LEN: usize = 16 << 20;
+    let (a, b) = pair(24811, PollMode::Blocking);
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i / 1024 % 251) as u8 + 1).collect();
+    let src =
+        a.pd.reg_buffer(pattern.clone(), Access::LOCAL_WRITE)
+            .unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; LEN], Access::LOCAL_WRITE)
+            .unwrap();
+    let rsge = [dst.sge(0, LEN as u32)];
+    b.qp.post_recv(&RecvWr {
+        wr_id: 3,
+        sg_list: &rsge,
+    })
+    .unwrap();
+    let ssge = [src.sge(0, LEN as u32)];
+    a.qp.post_send(&SendWr::new(4, WrOpcode::Send).sg(&ssge))
+        .unwrap();
+    // Suspend once part of the message has been placed (or, if the machine is slow, before
+    // the first packet: both must wait).
+    let t0 = Instant::now();
+    while dst.to_vec().unwrap()[LEN / 8] == 0 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    dst.suspend().unwrap();
+    let early = b.cq.wait(1, Duration::from_millis(100));
+    assert!(
+        early.is_empty(),
+        "no receive completion while suspended: {early:?}"
+    );
+    assert_eq!(
+        b.qp.query().0,
+        QpState::Rts,
+        "the receiver's QP stays connected"
+    );
+    dst.resume(None).unwrap();
+    let r = one(&b.cq);
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len),
+        (3, WcStatus::Success, LEN as u32)
+    );
+    let s = one(&a.cq);
+    assert_eq!((s.wr_id, s.status), (4, WcStatus::Success));
+    assert!(dst.to_vec().unwrap() == pattern, "every byte placed");
+    let rnr = b.qp.counters().resp.rnr_naks_sent;
+    println!("RNR NAKs sent while suspended: {rnr}");
+    assert!(rnr > 0, "the suspension was met (RNR NAKs sent)");
+}
+
 /// Packets for a QP that was destroyed are dropped and counted, never handed to the old QP
 /// (the receive path remembers the last QP it delivered to), and the sender sees no success.
 #[test]

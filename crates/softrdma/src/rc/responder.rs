@@ -471,8 +471,14 @@ impl RecvSide {
                     )
                 });
         if let Err(e) = r {
-            if matches!(e, AccessError::Suspended(_)) && offset == 0 {
-                self.give_back(wqe, srq);
+            if matches!(e, AccessError::Suspended(_)) {
+                // The receive buffer's region is suspended: the peer waits (RNR) and resends
+                // from this packet. Before the first packet the receive goes back to its
+                // queue; in the middle of the message it stays in progress (`self.msg` still
+                // names it and its offset), and the retried packet continues it there.
+                if !matches!(self.msg, InMsg::Send { .. }) {
+                    self.give_back(wqe, srq);
+                }
                 return self.rnr(psn, c);
             }
             cq.push_back(self.recv_wc(
