@@ -1151,8 +1151,14 @@ impl Engine {
         // scan. A timer fires at most that much late (0.8 ms with 16,000 QPs).
         let slack = now + qps.len() as u64 * TIMER_SLACK_PER_QP;
         let next = next.map(|t| t.max(slack));
-        self.next_timer
-            .fetch_min(next.unwrap_or(now + TIMER_SCAN), Ordering::SeqCst);
+        // A scan by a poller may find a deadline earlier than the one the engine thread
+        // sleeps for: wake it (the thread's own scans find the watch cleared).
+        let t = next.unwrap_or(now + TIMER_SCAN);
+        let was = self.next_timer.fetch_min(t, Ordering::SeqCst);
+        if t < was && t < self.timer_watch.load(Ordering::SeqCst) {
+            self.timer_watch.store(0, Ordering::SeqCst);
+            self.kick_thread();
+        }
         next
     }
 
