@@ -227,8 +227,12 @@ impl std::ops::DerefMut for QpGuard<'_> {
 
 impl Drop for QpGuard<'_> {
     fn drop(&mut self) {
+        // Usually published already by the drive that ended the work (which also lowers the
+        // device's deadline): then this is one load, and the line stays clean.
         let t = self.body.qp.poll_timeout().unwrap_or(u64::MAX);
-        self.deadline.store(t, Ordering::SeqCst);
+        if self.deadline.load(Ordering::Relaxed) != t {
+            self.deadline.store(t, Ordering::SeqCst);
+        }
     }
 }
 
@@ -285,7 +289,7 @@ impl QpCell {
     }
 
     /// The transport's next deadline as last published (`u64::MAX`: none).
-    pub fn deadline(&self) -> u64 {
+    fn deadline(&self) -> u64 {
         self.deadline.load(Ordering::Relaxed)
     }
 }
@@ -1152,13 +1156,8 @@ impl Engine {
         let slack = now + qps.len() as u64 * TIMER_SLACK_PER_QP;
         let next = next.map(|t| t.max(slack));
         // A scan by a poller may find a deadline earlier than the one the engine thread
-        // sleeps for: wake it (the thread's own scans find the watch cleared).
-        let t = next.unwrap_or(now + TIMER_SCAN);
-        let was = self.next_timer.fetch_min(t, Ordering::SeqCst);
-        if t < was && t < self.timer_watch.load(Ordering::SeqCst) {
-            self.timer_watch.store(0, Ordering::SeqCst);
-            self.kick_thread();
-        }
+        // sleeps for: that wakes it (the thread's own scans find the watch cleared).
+        self.timers_changed(Some(next.unwrap_or(now + TIMER_SCAN)));
         next
     }
 
@@ -1169,23 +1168,31 @@ impl Engine {
     fn receive_before_timers(&self) {
         /// Receive calls at most (each takes up to 8 batches of `RX_BATCH` datagrams).
         const ROUNDS: usize = 32;
-        let rx = match self.mode {
-            PollMode::Blocking => Some(self.rx.lock().unwrap_or_else(|e| e.into_inner())),
-            PollMode::BusyPoll
-                if self
-                    .now()
-                    .saturating_sub(self.last_poll.load(Ordering::Relaxed))
-                    > POLLER_ACTIVE =>
-            {
-                self.rx.try_lock().ok()
-            }
-            PollMode::BusyPoll => None,
+        let Some(mut rx) = self.thread_rx(self.pollers_quiet()) else {
+            return;
         };
-        let Some(mut rx) = rx else { return };
         for _ in 0..ROUNDS {
             if self.receive(&mut rx, false) == 0 {
                 break;
             }
+        }
+    }
+
+    /// True when no application thread has polled for `POLLER_ACTIVE`.
+    fn pollers_quiet(&self) -> bool {
+        self.now()
+            .saturating_sub(self.last_poll.load(Ordering::Relaxed))
+            > POLLER_ACTIVE
+    }
+
+    /// The receive path for the engine thread, when it is the thread's turn: always in
+    /// blocking mode (an application thread that calls `progress` meanwhile is waited for,
+    /// not spun against), in busy-poll mode only once pollers have gone quiet and if free.
+    fn thread_rx(&self, pollers_quiet: bool) -> Option<MutexGuard<'_, RxState>> {
+        match self.mode {
+            PollMode::Blocking => Some(self.rx.lock().unwrap_or_else(|e| e.into_inner())),
+            PollMode::BusyPoll if pollers_quiet => self.rx.try_lock().ok(),
+            PollMode::BusyPoll => None,
         }
     }
 
@@ -1311,23 +1318,13 @@ impl Engine {
             // Receive only when it is this thread's turn: always in blocking mode, and in
             // busy-poll mode once pollers have gone quiet (competing with an active poller
             // only adds lock hand-offs and reorders nothing for the better).
-            let pollers_quiet = self
-                .now()
-                .saturating_sub(self.last_poll.load(Ordering::Relaxed))
-                > POLLER_ACTIVE;
+            let pollers_quiet = self.pollers_quiet();
             // While pollers are active they hold the receive path (and send held ACKs when
             // due); this thread keeps off the receive lock, so that being preempted while
             // holding it can never stall them.
             woken_for_nothing = false;
             retry = false;
-            let rx = match self.mode {
-                // The receive path is this thread's (an application thread that calls
-                // `progress` meanwhile is waited for, not spun against).
-                PollMode::Blocking => Some(self.rx.lock().unwrap_or_else(|e| e.into_inner())),
-                PollMode::BusyPoll if pollers_quiet => self.rx.try_lock().ok(),
-                PollMode::BusyPoll => None,
-            };
-            match rx {
+            match self.thread_rx(pollers_quiet) {
                 Some(mut rx) => {
                     // Progress without marking a poller active.
                     self.counters
