@@ -865,11 +865,15 @@ impl Engine {
         // A thread about to sleep holds back no acknowledgement: nobody might send it for a
         // while.
         let defer_acks = self.mode == PollMode::BusyPoll && active;
-        let done = self.receive_at(&mut rx, defer_acks, active, now);
-        drop(rx);
+        let mut done = self.receive_at(&mut rx, defer_acks, active, now);
         // Active pollers also fire due timers, so that the engine thread can stay asleep
-        // instead of preempting them.
-        if timers || now >= self.next_timer.load(Ordering::Relaxed) {
+        // instead of preempting them; what is queued goes first (`drain_before_timers`).
+        let scan = timers || now >= self.next_timer.load(Ordering::Relaxed);
+        if scan {
+            done += self.drain_before_timers(&mut rx);
+        }
+        drop(rx);
+        if scan {
             self.run_timers();
         }
         done
@@ -1161,21 +1165,21 @@ impl Engine {
         next
     }
 
-    /// Take what is queued on the socket before a timer scan, when the receive path is this
-    /// thread's: a thread that was off the CPU wakes up late both to its timers and to the
-    /// acknowledgements that would have stopped them, and a scan first would retransmit what
-    /// the peer has already acknowledged (with thousands of QPs, a storm of them).
-    fn receive_before_timers(&self) {
+    /// Take what is queued on the socket before a timer scan (bounded): a thread that was
+    /// off the CPU wakes up late both to its timers and to the acknowledgements that would
+    /// have stopped them, and a scan first would retransmit what the peer has already
+    /// acknowledged (with thousands of QPs, a storm of them). Returns the packets handled.
+    fn drain_before_timers(&self, rx: &mut RxState) -> usize {
         /// Receive calls at most (each takes up to 8 batches of `RX_BATCH` datagrams).
         const ROUNDS: usize = 32;
-        let Some(mut rx) = self.thread_rx(self.pollers_quiet()) else {
-            return;
-        };
+        let mut done = 0;
         for _ in 0..ROUNDS {
-            if self.receive(&mut rx, false) == 0 {
-                break;
+            match self.receive(rx, false) {
+                0 => break,
+                n => done += n,
             }
         }
+        done
     }
 
     /// True when no application thread has polled for `POLLER_ACTIVE`.
@@ -1243,7 +1247,9 @@ impl Engine {
             // per QP of the device.
             let due = self.next_timer.load(Ordering::Relaxed);
             let next = if self.now() >= due {
-                self.receive_before_timers();
+                if let Some(mut rx) = self.thread_rx(self.pollers_quiet()) {
+                    self.drain_before_timers(&mut rx);
+                }
                 self.run_timers()
             } else {
                 Some(due)
