@@ -167,12 +167,20 @@ fn hostile_reads_leave_bystanders_responsive(port: u16, mode: PollMode) {
         rtts.len()
     );
     // Round trips queue behind up to a socket buffer (8 MiB) of READ responses at the
-    // client, and an ACK lost to that full buffer costs a 16.8 ms timeout (more than one
-    // when the client's engine is preempted on a busy machine); one READ's stream built in
-    // one pass (150 ms and more) stalled them past the seven retries.
+    // client, and an ACK lost to that full buffer costs a 16.8 ms timeout; one READ's stream
+    // built in one pass (150 ms and more) stalled them past the seven retries, which the
+    // status check above refuses. The single slowest round trip is not bounded tightly: a
+    // container's CPU quota can take the whole process off the CPU for a 100 ms period
+    // (seen in CI: one round trip of 131 ms with no retransmission, p99 273 us). At most 1 %
+    // of them may wait for a timeout.
+    let slow = rtts
+        .iter()
+        .filter(|r| **r > Duration::from_micros(16_800))
+        .count();
     assert!(
-        p99 < Duration::from_millis(25) && max < Duration::from_millis(120),
-        "{mode:?}: bystander round trips p99 {p99:?} max {max:?}"
+        p99 < Duration::from_millis(25) && slow * 100 <= rtts.len() && max < Duration::from_secs(1),
+        "{mode:?}: bystander round trips p99 {p99:?} max {max:?}, {slow} of {} above 16.8 ms",
+        rtts.len()
     );
 }
 
