@@ -161,6 +161,26 @@ impl MemoryTable {
         *write(&self.coherence.shared.notify) = notify;
     }
 
+    /// Install the device's own callbacks: for invalidations (run before the
+    /// application's), and for accesses by a QP that met an invalidated key or vanished memory.
+    pub(crate) fn set_device_notify(
+        &self,
+        invalidation: Option<InvalidationNotify>,
+        violation: Option<super::watch::ViolationNotify>,
+    ) {
+        *write(&self.coherence.shared.device_notify) = invalidation;
+        *write(&self.coherence.shared.violation_notify) = violation;
+    }
+
+    /// True when `key` reaches the region `lkey`: it is the region's key, or the R_Key of a
+    /// window bound to it.
+    pub fn key_reaches_region(&self, key: u32, lkey: u32) -> bool {
+        key == lkey
+            || self
+                .query_mw(key)
+                .is_ok_and(|w| w.bound.is_some_and(|b| b.mr_lkey == lkey))
+    }
+
     /// Change the remap policy of the region `lkey`.
     pub fn set_remap_policy(&self, lkey: u32, policy: RemapPolicy) -> Result<(), MemError> {
         let g = read(self.slot(lkey)?);

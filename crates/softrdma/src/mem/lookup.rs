@@ -27,9 +27,28 @@ impl MemoryTable {
 
     /// Validate `[iova, iova+len)` under `key` for `need` by `ctx`, then run `f` on the host
     /// address (and how to copy there) while the access counts as in flight. A `Fault` from
-    /// `f` is recorded against the region once the guards are released.
+    /// `f` is recorded against the region once the guards are released. A QP whose access
+    /// met an invalidated key or vanished memory is reported to the device (it ends in the
+    /// error state: an access violation, `AsyncEvent::QpAccessError`).
     #[inline]
     fn with_target<R>(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        need: Access,
+        f: impl FnOnce(*mut u8, CopyMode) -> Result<R, AccessError>,
+    ) -> Result<R, AccessError> {
+        let r = self.with_target_inner(ctx, key, iova, len, need, f);
+        if let Err(AccessError::Invalidated(_) | AccessError::Fault(_)) = r {
+            self.coherence.shared.note_violation(ctx.qpn, key);
+        }
+        r
+    }
+
+    #[inline]
+    fn with_target_inner<R>(
         &self,
         ctx: AccessCtx,
         key: u32,

@@ -64,11 +64,20 @@ struct Registry {
     pages: PageMap,
 }
 
+/// A device's callback for an access violation: (QP number, key used).
+pub(crate) type ViolationNotify = Arc<dyn Fn(u32, u32) + Send + Sync>;
+
 /// What the watcher and the control path share.
 pub(crate) struct Shared {
     registry: Mutex<Registry>,
     queue: Mutex<VecDeque<Invalidation>>,
     pub(crate) notify: RwLock<Option<InvalidationNotify>>,
+    /// The device's own callback (it tears down the QPs using the region), run before the
+    /// application's.
+    pub(crate) device_notify: RwLock<Option<InvalidationNotify>>,
+    /// The device's callback for an access by QP `qpn` through `key` that met an invalidated
+    /// key or vanished memory (called with that QP locked: it must only record).
+    pub(crate) violation_notify: RwLock<Option<ViolationNotify>>,
     pinner: Arc<Pinner>,
     page_shift: u32,
     pub(crate) events: AtomicU64,
@@ -114,6 +123,8 @@ impl Coherence {
                 registry: Mutex::new(Registry::default()),
                 queue: Mutex::new(VecDeque::new()),
                 notify: RwLock::new(None),
+                device_notify: RwLock::new(None),
+                violation_notify: RwLock::new(None),
                 pinner,
                 page_shift: page_size().trailing_zeros(),
                 events: AtomicU64::new(0),
@@ -357,15 +368,25 @@ impl Shared {
         }
     }
 
+    /// An access by QP `qpn` through `key` met an invalidated key or vanished memory.
+    pub(crate) fn note_violation(&self, qpn: u32, key: u32) {
+        let notify = read(&self.violation_notify).clone();
+        if let Some(f) = notify {
+            f(qpn, key);
+        }
+    }
+
     /// Run the callback for `inv`; call with no memory-table lock held.
     fn notify(&self, inv: &[Invalidation]) {
         if inv.is_empty() {
             return;
         }
-        let notify = read(&self.notify).clone();
-        if let Some(f) = notify {
-            for &i in inv {
-                f(i);
+        for hook in [&self.device_notify, &self.notify] {
+            let notify = read(hook).clone();
+            if let Some(f) = notify {
+                for &i in inv {
+                    f(i);
+                }
             }
         }
     }

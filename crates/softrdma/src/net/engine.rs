@@ -20,12 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
+use super::async_event::AsyncEvents;
 use super::cq::CqCore;
 use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
 use crate::rc::requester::LEND_MAX_PIECES;
 use crate::rc::{Gather, Qp, Srq};
 use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDelta, IpHeader, Packet};
+
+mod teardown;
 
 /// How the engine waits for packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +74,10 @@ pub struct EngineCounters {
     pub thread_receives: AtomicU64,
     /// Scans of the QPs' timers (each reads every QP's published deadline).
     pub timer_scans: AtomicU64,
+    /// QPs ended by an access violation: moved to the error state because a region they used
+    /// was invalidated, or because their own access met an invalidated key or vanished memory
+    /// (one `AsyncEvent::QpAccessError` each).
+    pub access_violations: AtomicU64,
 }
 
 /// A QP's mutable half.
@@ -202,6 +209,8 @@ pub struct QpCell {
     /// the body is unlocked, so that a timer scan reads it without taking the lock: with
     /// thousands of QPs, a scan touches one word of each that is not due.
     deadline: AtomicU64,
+    /// `AsyncEvent::QpAccessError` was reported for it.
+    violation_reported: AtomicBool,
 }
 
 /// A locked QP ([`QpCell::lock`]): its body; unlocking publishes the transport's next
@@ -263,6 +272,7 @@ impl QpCell {
             recv_cq,
             srq,
             deadline: AtomicU64::new(u64::MAX),
+            violation_reported: AtomicBool::new(false),
         }
     }
 
@@ -352,6 +362,11 @@ pub struct Engine {
     tx_pending: Mutex<VecDeque<Arc<QpCell>>>,
     /// `tx_pending`'s length (read without the lock).
     tx_pending_len: AtomicUsize,
+    /// Regions invalidated, waiting for the engine thread to tear down their users.
+    invalidated: Mutex<Vec<teardown::Gone>>,
+    invalidations_pending: AtomicBool,
+    /// Asynchronous events for the application.
+    pub events: AsyncEvents,
     /// Counters.
     pub counters: EngineCounters,
 }
@@ -453,6 +468,9 @@ impl Engine {
             timer_watch: AtomicU64::new(0),
             tx_pending: Mutex::new(VecDeque::new()),
             tx_pending_len: AtomicUsize::new(0),
+            invalidated: Mutex::new(Vec::new()),
+            invalidations_pending: AtomicBool::new(false),
+            events: AsyncEvents::default(),
             counters: EngineCounters::default(),
         })
     }
@@ -1242,6 +1260,7 @@ impl Engine {
         // again, so the next wait is short.
         let mut retry = false;
         while !self.stop.load(Ordering::Acquire) {
+            self.tear_down_users();
             // The scan of every QP's timers runs only once the earliest deadline is due (drives
             // lower `next_timer` whenever they arm one): a wake-up for a packet costs nothing
             // per QP of the device.

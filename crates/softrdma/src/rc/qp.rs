@@ -3,11 +3,13 @@
 
 use std::collections::VecDeque;
 
+mod region_use;
+
 use super::completer::CompCounters;
 use super::qp_state::{QpAttr, QpAttrMask, QpState, check_modify};
 use super::requester::ReqOutput;
 use super::responder::{Fatal, RecvSide, RespCounters, RespOutcome};
-use super::rq::Srq;
+use super::rq::{RecvWqe, Srq};
 use super::sq::SendSide;
 use super::timer::{ack_timeout_ns, earliest};
 use super::wr::{RecvWr, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
@@ -304,16 +306,21 @@ impl Qp {
         self.state = QpState::Err;
         self.attr.qp_state = QpState::Err;
         self.send.flush();
-        self.recv.enter_error();
+        let in_progress = self.recv.enter_error();
         self.lazy_ack_at = None;
         self.retire();
-        self.flush_recv();
+        self.flush_recv(in_progress);
     }
 
-    fn flush_recv(&mut self) {
+    /// Complete the receive of a SEND in progress (taken from the RQ or the SRQ) and then the
+    /// RQ's posted receives with `WR_FLUSH_ERR`.
+    fn flush_recv(&mut self, in_progress: Option<RecvWqe>) {
         let cap = self.recv_cq.capacity().max(1);
+        let mut first = in_progress;
         while self.recv_cq.len() < cap {
-            let Some(w) = self.recv.rq.pop() else { break };
+            let Some(w) = first.take().or_else(|| self.recv.rq.pop()) else {
+                break;
+            };
             self.recv_cq.push_back(WorkCompletion {
                 wr_id: w.wr_id,
                 status: WcStatus::WrFlushErr,
@@ -406,7 +413,7 @@ impl Qp {
         }
         self.recv.rq.post(wr)?;
         if self.state == QpState::Err {
-            self.flush_recv();
+            self.flush_recv(None);
         }
         Ok(())
     }
@@ -429,7 +436,13 @@ impl Qp {
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         );
-        if !live || info.transport != Transport::Rc || pkt.hdr.bth.dest_qp != self.qpn {
+        let ours = info.transport == Transport::Rc && pkt.hdr.bth.dest_qp == self.qpn;
+        if !live || !ours {
+            // A message cut short by an invalidated region is NAKed when its next packet
+            // comes (see `RecvSide::abort_for_region`).
+            if self.state == QpState::Err && ours && info.is_request() {
+                self.recv.answer_violation(pkt.hdr.bth.psn);
+            }
             self.counters.packets_dropped += 1;
             return;
         }
@@ -638,7 +651,7 @@ impl Qp {
     pub fn poll_recv_completion(&mut self) -> Option<WorkCompletion> {
         let wc = self.recv_cq.pop_front();
         if self.state == QpState::Err {
-            self.flush_recv();
+            self.flush_recv(None);
         }
         wc
     }

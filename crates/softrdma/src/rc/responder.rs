@@ -10,6 +10,8 @@
 
 use std::collections::VecDeque;
 
+mod violation;
+
 use super::atomic_cache::AtomicCache;
 use super::read_history::ReadHistory;
 use super::rq::{RecvQueue, RecvWqe, Srq};
@@ -144,6 +146,12 @@ pub struct RecvSide {
     /// requester did not ask for an acknowledgement, so one is sent only lazily (see
     /// [`RecvSide::ack_unacked`]) unless a newer answer covers it first.
     pub(super) unacked: Option<Psn>,
+    /// The PSN and NAK of a message an invalidated region cut short (error state only).
+    violation: Option<(Psn, NakCode)>,
+    /// The next PSN and R_Key of a READ response stream stopped because its region was
+    /// suspended (or changing), until a repeat of the READ is answered in full: the QP still
+    /// uses that region.
+    pub(super) stopped_stream: Option<(Psn, u32)>,
 }
 
 pub(super) fn map_err(e: AccessError) -> Option<NakCode> {
@@ -180,6 +188,8 @@ impl RecvSide {
             max_dest_rd_atomic: 1,
             dest_qpn: 0,
             unacked: None,
+            violation: None,
+            stopped_stream: None,
         }
     }
 
@@ -195,10 +205,13 @@ impl RecvSide {
         self.nak_seq_sent = false;
         self.msn = 0;
         self.unacked = None;
+        self.violation = None;
+        self.stopped_stream = None;
     }
 
-    /// The QP entered the error state: keep only NAKs still to be sent.
-    pub fn enter_error(&mut self) {
+    /// The QP entered the error state: keep only NAKs still to be sent. Returns the receive
+    /// of a SEND in progress, which the caller completes (flushed) with the rest.
+    pub fn enter_error(&mut self) -> Option<RecvWqe> {
         self.resp.retain(|r| {
             matches!(
                 r,
@@ -210,8 +223,12 @@ impl RecvSide {
         });
         self.rd_atomic_queued = 0;
         self.dup_queued = 0;
-        self.msg = InMsg::Idle;
         self.unacked = None;
+        self.stopped_stream = None;
+        match std::mem::replace(&mut self.msg, InMsg::Idle) {
+            InMsg::Send { wqe, .. } => Some(wqe),
+            _ => None,
+        }
     }
 
     /// The newest request PSN executed without AckReq that no answer has acknowledged yet.

@@ -116,6 +116,12 @@ impl RecvSide {
                         if last {
                             self.resp.pop_front();
                             self.answered(dup);
+                            if self
+                                .stopped_stream
+                                .is_some_and(|(p, k)| k == rkey && p.diff(psn) <= 0)
+                            {
+                                self.stopped_stream = None;
+                            }
                         } else if let Some(Response::Read {
                             psn,
                             va,
@@ -132,7 +138,11 @@ impl RecvSide {
                         Ok(Some(n))
                     }
                     (Err(_), Some(AccessError::Suspended(_))) => {
-                        // Stop the stream; the requester times out and asks again.
+                        // Stop the stream; the requester times out and asks again. Until a
+                        // repeat of it is answered in full, the QP still uses the region.
+                        if self.stopped_stream.is_none() {
+                            self.stopped_stream = Some((psn, rkey));
+                        }
                         self.resp.pop_front();
                         self.answered(dup);
                         Ok(None)

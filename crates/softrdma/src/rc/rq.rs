@@ -47,6 +47,10 @@ impl RecvQueue {
         });
         Ok(())
     }
+    /// True when a posted WQE has an entry whose L_Key `names` picks.
+    pub fn names_key(&self, names: &dyn Fn(u32) -> bool) -> bool {
+        self.q.iter().any(|w| w.sges.names_key(names))
+    }
     /// Take the oldest WQE.
     pub fn pop(&mut self) -> Option<RecvWqe> {
         self.q.pop_front()

@@ -292,6 +292,18 @@ impl SendSide {
             .count()
     }
 
+    /// True when a WQE not yet finished names a key `names` picks: the L_Key of a local
+    /// buffer (not of inline data, which was copied at posting), or the parent region of a
+    /// window bind.
+    pub fn names_key(&self, names: &dyn Fn(u32) -> bool) -> bool {
+        (self.sq.head..self.sq.tail).any(|s| {
+            let w = self.sq.get(s);
+            w.done.is_none()
+                && ((!w.use_inline && w.sges.names_key(names))
+                    || matches!(w.op, WrOpcode::BindMw { mr_lkey, .. } if names(mr_lkey)))
+        })
+    }
+
     /// The first WQE (from the head) that is not finished.
     pub fn first_pending(&self) -> Option<u64> {
         (self.sq.head..self.sq.tail).find(|&s| self.sq.get(s).done.is_none())

@@ -42,6 +42,11 @@ impl SgList {
         &self.sges[..usize::from(self.len)]
     }
 
+    /// True when an entry's L_Key is one `names` picks.
+    pub fn names_key(&self, names: &dyn Fn(u32) -> bool) -> bool {
+        self.as_slice().iter().any(|s| names(s.lkey))
+    }
+
     /// Sum of the entry lengths.
     pub fn total_len(&self) -> u64 {
         self.as_slice().iter().map(|s| u64::from(s.length)).sum()

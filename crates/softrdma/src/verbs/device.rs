@@ -161,6 +161,7 @@ impl Device {
             ..MemConfig::default()
         })?);
         let engine = Arc::new(Engine::new(port, mem, cfg.mode, cfg.gso)?);
+        engine.watch_invalidations();
         let thread = Some(engine::spawn(engine.clone())?);
         Ok(Device {
             inner: Arc::new(DeviceInner {
@@ -262,6 +263,18 @@ impl Device {
             core: Arc::new(core),
             device: self.clone(),
         })
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`), waiting up to `timeout`; `None`
+    /// when none came. Events go to the hook instead while one is set.
+    pub fn get_async_event(&self, timeout: std::time::Duration) -> Option<crate::net::AsyncEvent> {
+        self.inner.engine.events.wait(timeout)
+    }
+
+    /// Deliver asynchronous events to `hook` (run on the engine thread; it must not block)
+    /// instead of queueing them for [`Device::get_async_event`]; `None` queues them again.
+    pub fn set_async_event_hook(&self, hook: Option<crate::net::AsyncEventHook>) {
+        self.inner.engine.events.set_hook(hook);
     }
 
     /// Datapath counters.

@@ -35,9 +35,10 @@ pub use qp::{Qp, QpInitAttr, random_psn};
 pub use srq::Srq;
 
 pub use crate::mem::{
-    Access, MemSource, MwType, PageSize, PinMode, RawCopy, RemapPolicy, WatchMode,
+    Access, InvalidationCause, MemSource, MwType, PageSize, PinMode, RawCopy, RemapPolicy,
+    WatchMode,
 };
-pub use crate::net::PollMode;
+pub use crate::net::{AsyncEvent, AsyncEventHook, PollMode};
 pub use crate::rc::{
     Mtu, QpAttr, QpAttrMask, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,

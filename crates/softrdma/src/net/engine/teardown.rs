@@ -1,0 +1,147 @@
+//! Invalidation of a region in use: the engine tears down every QP using it (seed 001: "the
+//! RDMA Device driver [...] could probably declare an access violation and tear all the
+//! connections using it down") and tells the application.
+//!
+//! Two reports reach the engine from the memory table. An invalidation (from the watcher
+//! thread, or from the thread whose access found the memory gone) is queued and the engine
+//! thread kicked; that thread then, with no lock held, locks each QP in turn and asks the
+//! transport whether it uses the region ([`Qp::uses_region`](crate::rc::Qp::uses_region)).
+//! Those that do get [`Qp::access_violation`](crate::rc::Qp::access_violation) and are driven
+//! at once, so that the NAK ending a message in progress leaves and the flushed completions
+//! reach the CQs. And an access by a QP that met an invalidated key or vanished memory (the
+//! QP's own packet or WR came first, and the transport moved it to the error state): it is
+//! reported too once it is in the error state. Either way each QP gets one
+//! [`AsyncEvent::QpAccessError`].
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, Weak};
+
+use super::{Engine, QpCell};
+use crate::mem::Invalidation;
+use crate::net::async_event::AsyncEvent;
+use crate::rc::QpState;
+
+/// What the memory table reported.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Gone {
+    /// A region became unusable.
+    Region(Invalidation),
+    /// QP `qpn`'s access through `key` met an invalidated key or vanished memory.
+    Access { qpn: u32, key: u32 },
+}
+
+impl Engine {
+    /// Route the memory table's invalidations and access violations to this engine.
+    pub fn watch_invalidations(self: &Arc<Self>) {
+        let (a, b): (Weak<Engine>, Weak<Engine>) = (Arc::downgrade(self), Arc::downgrade(self));
+        self.mem.set_device_notify(
+            Some(Arc::new(move |inv: Invalidation| {
+                if let Some(e) = a.upgrade() {
+                    e.note_gone(Gone::Region(inv));
+                }
+            })),
+            Some(Arc::new(move |qpn, key| {
+                if let Some(e) = b.upgrade() {
+                    e.note_gone(Gone::Access { qpn, key });
+                }
+            })),
+        );
+    }
+
+    /// Queue `g` for the engine thread and wake it. Takes no QP lock (the caller may hold one).
+    fn note_gone(&self, g: Gone) {
+        let mut q = self
+            .invalidated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Bounded: a flood of failing accesses needs no more than one report per QP.
+        if q.len() < crate::mem::INVALIDATION_QUEUE {
+            q.push(g);
+        }
+        drop(q);
+        self.invalidations_pending.store(true, Ordering::Release);
+        self.kick_thread();
+    }
+
+    /// Tear down the QPs using each region invalidated since the last call, and report the
+    /// QPs an access violation ended; returns how many QPs this moved to the error state.
+    /// Called by the engine thread with no lock held.
+    pub fn tear_down_users(&self) -> usize {
+        if !self.invalidations_pending.swap(false, Ordering::AcqRel) {
+            return 0;
+        }
+        let gone = std::mem::take(
+            &mut *self
+                .invalidated
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        let mut torn = 0;
+        for g in gone {
+            match g {
+                Gone::Region(inv) => torn += self.tear_down_region(inv),
+                Gone::Access { qpn, key } => {
+                    let cell = self
+                        .qps
+                        .read()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get(&qpn)
+                        .cloned();
+                    if let Some(cell) = cell
+                        && cell.lock().qp.state() == QpState::Err
+                    {
+                        self.report_violation(&cell, key);
+                    }
+                }
+            }
+        }
+        torn
+    }
+
+    fn tear_down_region(&self, inv: Invalidation) -> usize {
+        self.events.push(AsyncEvent::RegionInvalidated {
+            lkey: inv.lkey,
+            cause: inv.cause,
+        });
+        let cells: Vec<_> = self
+            .qps
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let names = |k: u32| self.mem.key_reaches_region(k, inv.lkey);
+        let mut torn = 0;
+        for cell in cells {
+            let mut body = cell.lock();
+            if !body.qp.uses_region(&names) {
+                continue;
+            }
+            let nak = body.qp.access_violation(&names);
+            tracing::info!(
+                qp_num = cell.qpn,
+                lkey = inv.lkey,
+                nak,
+                "QP used an invalidated region"
+            );
+            self.drive(&cell, &mut body, self.now());
+            drop(body);
+            torn += 1;
+            self.report_violation(&cell, inv.lkey);
+        }
+        torn
+    }
+
+    /// One `QpAccessError` per QP (counted in `access_violations`).
+    fn report_violation(&self, cell: &QpCell, lkey: u32) {
+        if !cell.violation_reported.swap(true, Ordering::AcqRel) {
+            self.counters
+                .access_violations
+                .fetch_add(1, Ordering::Relaxed);
+            self.events.push(AsyncEvent::QpAccessError {
+                qp_num: cell.qpn,
+                lkey,
+            });
+        }
+    }
+}
