@@ -1,7 +1,9 @@
 //! A region suspended in the middle of a message, against the sans-IO responder over a real
 //! memory table (the seeds' "suspend … resume … at a Memory Region scope"): the peer sees only
 //! RNR waits (or, for a READ response stream, silence until it asks again) and successes,
-//! never an error, and everything lands once the region is resumed.
+//! never an error, and everything lands once the region is resumed. And a region invalidated
+//! in the middle of a message ("declare an access violation and tear all the connections using
+//! it down"): the QP that uses it ends at once, with the NAK that ends the peer's message.
 
 use std::net::Ipv4Addr;
 
@@ -272,4 +274,139 @@ fn an_atomic_on_a_suspended_region_waits_and_executes_once() {
     assert!(again.iter().all(|o| o.0 == OpKind::AtomicAck), "{again:?}");
     assert_eq!(u64::from_le_bytes(r.bytes()[..8].try_into().unwrap()), 42);
     r.healthy();
+}
+
+/// The region's keys (its own, or a window bound to it), as the engine names them.
+macro_rules! names {
+    ($r:expr) => {
+        &|k: u32| $r.mem.key_reaches_region(k, $r.region.lkey)
+    };
+}
+
+fn is_nak_at(out: &[Out], psn: u32, code: softrdma::wire::NakCode) -> bool {
+    out.len() == 1
+        && out[0].0 == OpKind::Ack
+        && out[0].1 == Psn::new(psn)
+        && out[0].2 == Some(Syndrome::Nak(code))
+}
+
+/// A WRITE in progress when its region goes: the QP uses the region, ends with a remote access
+/// error NAK at the expected PSN (the message's next packet), and NAKs that packet again when
+/// it comes (the requester may not have sent it when the first NAK arrived); other PSNs draw
+/// nothing.
+#[test]
+fn a_write_cut_short_by_an_invalidation_ends_with_a_nak_at_its_next_packet() {
+    use softrdma::wire::NakCode;
+    let mut r = responder();
+    let unrelated = |_k: u32| false;
+    assert!(!r.qp.uses_region(names!(r)), "an idle QP uses nothing");
+    let mut h = request(Opcode::RC_WRITE_FIRST, EPSN);
+    h.reth = Some(RethRepr {
+        va: r.region.iova,
+        rkey: r.region.rkey,
+        dma_len: 3 * MTU as u32,
+    });
+    let out = r.inject(h, &vec![1u8; MTU]);
+    assert!(is_ack_at(&out, EPSN), "{out:?}");
+    assert!(r.qp.uses_region(names!(r)));
+    assert!(!r.qp.uses_region(&unrelated));
+    let nak = r.qp.access_violation(names!(r));
+    assert!(nak);
+    assert_eq!(r.qp.state(), QpState::Err);
+    let out = r.drain();
+    assert!(
+        is_nak_at(&out, EPSN + 1, NakCode::RemoteAccessError),
+        "{out:?}"
+    );
+    // The next packet of the message draws the NAK again; a stray PSN does not.
+    let out = r.inject(request(Opcode::RC_WRITE_MIDDLE, EPSN + 2), &vec![2u8; MTU]);
+    assert!(out.is_empty(), "{out:?}");
+    let out = r.inject(request(Opcode::RC_WRITE_MIDDLE, EPSN + 1), &vec![2u8; MTU]);
+    assert!(
+        is_nak_at(&out, EPSN + 1, NakCode::RemoteAccessError),
+        "{out:?}"
+    );
+    assert!(
+        r.bytes()[MTU..].iter().all(|&x| x == 0),
+        "nothing placed after the invalidation"
+    );
+    // A QP in error uses nothing any more.
+    assert!(!r.qp.uses_region(names!(r)));
+}
+
+/// A SEND in progress into a receive buffer of the region: remote operational error NAK, and
+/// the receive in progress completes (flushed) instead of vanishing with the message.
+#[test]
+fn a_send_cut_short_by_an_invalidation_flushes_its_receive() {
+    use softrdma::wire::NakCode;
+    let mut r = responder();
+    let sge = [Sge {
+        addr: r.region.iova,
+        length: 4096,
+        lkey: r.region.lkey,
+    }];
+    for id in [7, 8] {
+        r.qp.post_recv(&RecvWr {
+            wr_id: id,
+            sg_list: &sge,
+        })
+        .unwrap();
+    }
+    let out = r.inject(request(Opcode::RC_SEND_FIRST, EPSN), &vec![1u8; MTU]);
+    assert!(is_ack_at(&out, EPSN), "{out:?}");
+    assert!(r.qp.uses_region(names!(r)));
+    assert!(r.qp.access_violation(names!(r)));
+    let out = r.drain();
+    assert!(
+        is_nak_at(&out, EPSN + 1, NakCode::RemoteOperationalError),
+        "{out:?}"
+    );
+    let wcs: Vec<_> = std::iter::from_fn(|| r.qp.poll_recv_completion())
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(wcs, [(7, WcStatus::WrFlushErr), (8, WcStatus::WrFlushErr)]);
+}
+
+/// A READ response stream out of the region, and one stopped while the region was suspended:
+/// the QP uses the region until a repeat of the READ is answered, and the invalidation NAKs
+/// the stream's next response PSN (inside the READ's range, which the requester sent).
+#[test]
+fn a_read_stream_cut_short_by_an_invalidation_ends_with_a_nak_in_its_range() {
+    use softrdma::wire::NakCode;
+    for stopped in [false, true] {
+        let mut r = responder();
+        let mut h = request(Opcode::RC_READ_REQUEST, EPSN);
+        h.reth = Some(RethRepr {
+            va: r.region.iova,
+            rkey: r.region.rkey,
+            dma_len: 4 * MTU as u32,
+        });
+        let pkt = Packet {
+            hdr: h,
+            payload: &[],
+            icrc: 0,
+        };
+        r.qp.handle_packet(0, &pkt, &r.mem, None);
+        let mut first = 0;
+        if stopped {
+            r.mem.suspend_mr(r.region.lkey).unwrap();
+            let out = r.drain();
+            assert!(out.iter().all(|o| o.0 != OpKind::ReadResponse), "{out:?}");
+        } else {
+            // One response out, the rest queued.
+            let len = r.qp.poll_transmit(0, &r.mem, &mut r.buf).unwrap();
+            assert_eq!(
+                Packet::parse(&r.buf[..len]).unwrap().hdr.bth.psn,
+                Psn::new(EPSN)
+            );
+            first = 1;
+        }
+        assert!(r.qp.uses_region(names!(r)), "stopped {stopped}");
+        assert!(r.qp.access_violation(names!(r)));
+        let out = r.drain();
+        assert!(
+            is_nak_at(&out, EPSN + first, NakCode::RemoteAccessError),
+            "stopped {stopped}: {out:?}"
+        );
+    }
 }
