@@ -100,6 +100,10 @@ fn engine_for(dev: &'static Device) -> Result<verbs::Device, c_int> {
         );
         errno
     })?;
+    // Asynchronous events of the engine go to the async fd of the context owning the QP.
+    d.set_async_event_hook(Some(std::sync::Arc::new(move |ev| {
+        crate::qp::report_async(dev, ev)
+    })));
     g.insert(dev.cfg.name.clone(), (d.clone(), 1));
     Ok(d)
 }

@@ -23,6 +23,9 @@ use crate::mr::Pd;
 use crate::registry::{self, Kind};
 use crate::srq::Srq;
 
+/// `IBV_EVENT_QP_ACCESS_ERR`.
+pub const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
+
 /// `IBV_QPT_RC`.
 pub const IBV_QPT_RC: c_int = 2;
 /// `IBV_QPT_UC`.
@@ -109,6 +112,31 @@ pub fn report_fatal(shared: &Arc<Shared>, qpn: u32) {
         });
     }
     drop(map);
+}
+
+/// An asynchronous event of the engine of `dev`: a QP ended by an access violation (a region
+/// it used was invalidated, or its own access met vanished memory) reports
+/// `IBV_EVENT_QP_ACCESS_ERR` on its context's async fd, once, in place of the
+/// `IBV_EVENT_QP_FATAL` its error completions would report.
+pub fn report_async(dev: &'static crate::device::Device, ev: verbs::AsyncEvent) {
+    let verbs::AsyncEvent::QpAccessError { qp_num, .. } = ev else {
+        return;
+    };
+    let map = by_qpn();
+    for (&(_, qpn), &p) in map.iter() {
+        if qpn != qp_num {
+            continue;
+        }
+        let qp = p as *mut ibv_qp;
+        // SAFETY: in the map, so not yet freed; it stays allocated while `map` is held.
+        let q = unsafe { &*qp.cast::<Qp>() };
+        if std::ptr::eq(q.shared.dev, dev) && !q.fatal_reported.swap(true, Ordering::AcqRel) {
+            q.shared.async_event(ibv_async_event {
+                element: ibv_async_event_element { qp },
+                event_type: IBV_EVENT_QP_ACCESS_ERR,
+            });
+        }
+    }
 }
 
 fn live_cq<'a>(cq: *mut ibv_cq, shared: &Arc<Shared>) -> Result<&'a Cq, c_int> {

@@ -260,6 +260,15 @@ fn c_api_sixteen_thousand_qps() {
     eprintln!("{out}");
 }
 
+/// "Tear all the connections using it down" through verbs.h: a buffer unmapped under a peer's
+/// WRITE, a peer's READ and a posted receive ends the three QPs with one
+/// `IBV_EVENT_QP_ACCESS_ERR` each, the peer's WRITE and READ with `IBV_WC_REM_ACCESS_ERR`; a
+/// bystander keeps working (tests/c/invalidate.c).
+#[test]
+fn c_api_unmapped_buffer_tears_down_its_qps_with_async_events() {
+    run_c("invalidate.c", "softrdma0=127.0.0.59,softrdma1=127.0.0.60");
+}
+
 /// The pinned mode (the default) through verbs.h, as a process without CAP_IPC_LOCK under a
 /// 64 KiB RLIMIT_MEMLOCK: `ibv_reg_mr` beyond the limit fails with ENOMEM and pins nothing;
 /// two contexts registering the same pages share the lock until the last registration goes
