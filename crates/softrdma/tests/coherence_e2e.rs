@@ -330,11 +330,47 @@ fn suspend_move_resume_under_writes() {
 }
 
 /// What the child does to the raw region during the stream.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Change {
     Unmap,
     RemapInvalidate,
     Discard,
+    /// `mmap(MAP_FIXED)` of new memory over the region.
+    MapFixed,
+    /// `mremap` shrinking the region's mapping in place.
+    Shrink,
+    /// `madvise(MADV_FREE)`.
+    Free,
+    /// `madvise(MADV_REMOVE)` (the region is shared memory).
+    Remove,
+    /// `mprotect(PROT_NONE)`: no event; the next access faults.
+    Protect,
+}
+
+impl Change {
+    /// The pages read as zero after the change.
+    fn zeroes(self) -> bool {
+        matches!(self, Change::Discard | Change::Remove)
+    }
+}
+
+/// A shared anonymous mapping (shmem: `MADV_REMOVE` works on it), touched.
+fn map_shared(len: usize) -> usize {
+    // SAFETY: a fresh shared anonymous mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping is `len` bytes, readable and writable, and the test's own.
+    unsafe { std::ptr::write_bytes(p as *mut u8, 0, len) };
+    p as usize
 }
 
 /// Acceptance 2, 3 (invalidate) and 4: registered raw memory pulled away under a stream of
@@ -349,7 +385,11 @@ fn pulled_away(test: &str, pair: u8, change: Change) {
             dev.create_cq(1024, None).unwrap(),
         );
         let (q1, q2) = (qp(&pd, &cq1), qp(&pd, &cq2));
-        let a = map(REGION);
+        let a = if change == Change::Remove {
+            map_shared(REGION)
+        } else {
+            map(REGION)
+        };
         let mr1 = pd.reg_mr(raw(a, REGION), RW, None).unwrap();
         let mr2 = pd.alloc_mr(REGION, RW).unwrap();
         let extra = [
@@ -389,11 +429,42 @@ fn pulled_away(test: &str, pair: u8, change: Change) {
             Change::Discard => unsafe {
                 libc::madvise(a as *mut libc::c_void, REGION, libc::MADV_DONTNEED)
             },
+            // SAFETY: the child's own pages, which it frees or punches out on purpose.
+            Change::Free => unsafe {
+                libc::madvise(a as *mut libc::c_void, REGION, libc::MADV_FREE)
+            },
+            // SAFETY: as above (shared memory: the pages are removed from it).
+            Change::Remove => unsafe {
+                libc::madvise(a as *mut libc::c_void, REGION, libc::MADV_REMOVE)
+            },
+            Change::MapFixed => {
+                // SAFETY: replaces the child's own registered mapping with fresh memory.
+                let p = unsafe {
+                    libc::mmap(
+                        a as *mut libc::c_void,
+                        REGION,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                        -1,
+                        0,
+                    )
+                };
+                if p as usize == a { 0 } else { -1 }
+            }
+            Change::Shrink => {
+                // SAFETY: shrinks the child's own mapping in place (its tail is unmapped).
+                let p = unsafe { libc::mremap(a as *mut libc::c_void, REGION, REGION / 8, 0) };
+                if p as usize == a { 0 } else { -1 }
+            }
+            // SAFETY: the child's own mapping; its pages stay but cannot be accessed.
+            Change::Protect => unsafe {
+                libc::mprotect(a as *mut libc::c_void, REGION, libc::PROT_NONE)
+            },
         };
-        assert_eq!(rc, 0, "munmap/mremap/madvise");
+        assert_eq!(rc, 0, "{change:?}");
         // From here no packet may be placed: discarded pages must stay zero.
         assert_eq!(l.recv(), "done");
-        let zero = change != Change::Discard || bytes(a, REGION).iter().all(|&b| b == 0);
+        let zero = !change.zeroes() || bytes(a, REGION).iter().all(|&b| b == 0);
         // Receive completions of QP 1: successes, then only flushes.
         let wcs = cq1.wait(N, Duration::from_secs(10));
         let ok = wcs
@@ -507,8 +578,14 @@ fn pulled_away(test: &str, pair: u8, change: Change) {
     assert_eq!(r[4], 1, "responder QP in the error state");
     assert_eq!(r[5], 1, "the other QP is unaffected");
     assert_eq!(r[6], 1, "the other region got every byte");
-    assert_eq!(r[7], 1, "no packet was placed after MADV_DONTNEED returned");
-    assert_eq!(r[8], 1, "the watcher invalidated the region");
+    assert_eq!(
+        r[7], 1,
+        "no packet was placed after MADV_DONTNEED/REMOVE returned"
+    );
+    // `mprotect` sends the watcher no event: the access faults, which invalidates nothing
+    // but fails every access (docs/COHERENCE.md).
+    let events = u64::from(change != Change::Protect);
+    assert_eq!(r[8], events, "the watcher's invalidations ({change:?})");
     finish(child);
 }
 
@@ -533,6 +610,38 @@ fn mremap_invalidate_during_writes() {
 #[test]
 fn madvise_dontneed_during_writes() {
     pulled_away("madvise_dontneed_during_writes", 4, Change::Discard);
+}
+
+/// `mmap(MAP_FIXED)` over a registered raw region during WRITEs: invalidated (unmapped).
+#[test]
+fn map_fixed_over_a_region_during_writes() {
+    pulled_away("map_fixed_over_a_region_during_writes", 6, Change::MapFixed);
+}
+
+/// A shrinking `mremap` of a registered raw region during WRITEs: invalidated (unmapped).
+#[test]
+fn mremap_shrink_during_writes() {
+    pulled_away("mremap_shrink_during_writes", 7, Change::Shrink);
+}
+
+/// `madvise(MADV_FREE)` of registered pages during WRITEs: invalidated before the pages go.
+#[test]
+fn madvise_free_during_writes() {
+    pulled_away("madvise_free_during_writes", 8, Change::Free);
+}
+
+/// `madvise(MADV_REMOVE)` of registered shared memory during WRITEs: invalidated before the
+/// pages are punched out, nothing written into them afterwards.
+#[test]
+fn madvise_remove_during_writes() {
+    pulled_away("madvise_remove_during_writes", 9, Change::Remove);
+}
+
+/// `mprotect(PROT_NONE)` of a registered raw region during WRITEs: no event, the next
+/// placement faults (checked copy) and is a remote access error; the process survives.
+#[test]
+fn mprotect_during_writes() {
+    pulled_away("mprotect_during_writes", 10, Change::Protect);
 }
 
 /// Acceptance 3 (policy follow): `mremap` of a registered raw region during 1 MiB WRITEs; the
