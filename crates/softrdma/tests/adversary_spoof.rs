@@ -36,8 +36,6 @@ mod support;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -47,7 +45,7 @@ use softrdma::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, HeaderRepr, IcrcContext, IpHeader, NakCode,
     Opcode, Packet, Psn, ROCE_PORT, RethRepr, Syndrome,
 };
-use support::{ChildGuard, Rng};
+use support::Rng;
 
 const ROLE: &str = "SOFTRDMA_SPOOF_CHILD";
 const TEST: &str = "a_spoofed_peer_places_nothing_and_breaks_nothing";
@@ -73,94 +71,14 @@ fn a_spoofed_peer_places_nothing_and_breaks_nothing() {
         inside_namespace();
         return;
     }
-    let ci = std::env::var_os("CI").is_some();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE, "1");
-    // SAFETY: plain reads of the caller's ids.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let root = uid == 0;
-    let uid_map = format!("0 {uid} 1").into_bytes();
-    let gid_map = format!("0 {gid} 1").into_bytes();
-    // SAFETY: the closure runs in the forked child before exec and makes only system calls
-    // on buffers built before the fork (no allocation, no locks).
-    unsafe {
-        cmd.pre_exec(move || enter_namespaces(root, &uid_map, &gid_map));
-    }
-    let mut child = match ChildGuard::spawn(cmd) {
-        Ok(c) => c,
-        Err(e) => return unavailable(ci, &format!("cannot enter a network namespace: {e}")),
-    };
-    // Once the child runs in its namespace, whatever it does counts: only a namespace or a
-    // raw socket it could not get is "unavailable".
-    let Some(first) = child.find(
-        &["NETNS-READY", "NETNS-UNAVAILABLE"],
-        Duration::from_secs(60),
-    ) else {
-        let st = child.wait(Duration::from_secs(1));
-        panic!(
-            "the namespace child never got ready ({st:?}); its output:\n{}",
-            child.log()
-        );
-    };
-    if first.contains("NETNS-UNAVAILABLE") {
-        child.wait(Duration::from_secs(5));
-        return unavailable(ci, &first);
-    }
-    let status = child.wait(Duration::from_secs(90));
-    let log = child.log();
-    eprintln!("{log}");
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "the namespace child failed ({status:?}):\n{log}"
+    let log = support::netns::run_in_netns(
+        TEST,
+        ROLE,
+        "true source spoofing needs a network namespace and raw sockets",
     );
-    assert!(log.contains("SPOOF-DONE"), "{log}");
-}
-
-fn unavailable(ci: bool, why: &str) {
-    assert!(!ci, "CI is set and the spoofing test cannot run: {why}");
-    eprintln!(
-        "\n######## SKIPPED: true source spoofing needs a network namespace and raw sockets \
-         (root, or unprivileged user namespaces): {why}\n"
-    );
-}
-
-/// In the forked child, before exec: a network namespace of its own, inside a user namespace
-/// mapping the caller to root when the caller is not root.
-fn enter_namespaces(root: bool, uid_map: &[u8], gid_map: &[u8]) -> io::Result<()> {
-    let flags = if root {
-        libc::CLONE_NEWNET
-    } else {
-        libc::CLONE_NEWUSER | libc::CLONE_NEWNET
-    };
-    // SAFETY: unshare takes no pointers.
-    if unsafe { libc::unshare(flags) } != 0 {
-        return Err(io::Error::last_os_error());
+    if let Some(log) = log {
+        assert!(log.contains("SPOOF-DONE"), "{log}");
     }
-    if !root {
-        // Older kernels have no setgroups file; the maps are what matter.
-        let _ = write_file(c"/proc/self/setgroups", b"deny");
-        write_file(c"/proc/self/uid_map", uid_map)?;
-        write_file(c"/proc/self/gid_map", gid_map)?;
-    }
-    Ok(())
-}
-
-fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
-    // SAFETY: a NUL-terminated path; the fd is closed below.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `data` is valid for its length.
-    let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
-    let err = io::Error::last_os_error();
-    // SAFETY: our fd.
-    unsafe { libc::close(fd) };
-    if n != data.len() as isize {
-        return Err(err);
-    }
-    Ok(())
 }
 
 fn check(r: libc::c_int, what: &str) -> io::Result<libc::c_int> {
@@ -169,35 +87,6 @@ fn check(r: libc::c_int, what: &str) -> io::Result<libc::c_int> {
         return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
     }
     Ok(r)
-}
-
-/// Bring the namespace's loopback interface up.
-fn lo_up() -> io::Result<()> {
-    // SAFETY: a new socket, closed by OwnedFd.
-    let s = check(
-        unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) },
-        "socket",
-    )?;
-    // SAFETY: s is ours.
-    let s = unsafe { OwnedFd::from_raw_fd(s) };
-    // SAFETY: ifreq is plain data; all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, c) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *c as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass.
-    unsafe {
-        check(
-            libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req),
-            "SIOCGIFFLAGS",
-        )?;
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        check(
-            libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req),
-            "SIOCSIFFLAGS",
-        )?;
-    }
-    Ok(())
 }
 
 /// A raw IPv4 socket that writes whole IP headers: any source address and port.
@@ -444,7 +333,7 @@ fn always_far_ahead(p: u32, lo: u32, span: u32) -> bool {
 
 fn inside_namespace() {
     let setup = || -> io::Result<(Injector, Capture)> {
-        lo_up()?;
+        support::netns::lo_up()?;
         Ok((Injector::open()?, Capture::open()?))
     };
     let (mut inj, cap) = match setup() {

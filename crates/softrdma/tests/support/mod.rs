@@ -1,8 +1,11 @@
 //! Helpers shared by the adversarial tests that run part of themselves in a child process:
 //! a guard that owns the child (killed by its pid and reaped on every path out of the test)
-//! and reads its output with a bound on every wait, and a small seeded generator.
+//! and reads its output with a bound on every wait, a small seeded generator, and running part
+//! of a test in a network namespace ([`netns`]).
 
 #![allow(dead_code)]
+
+pub mod netns;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
