@@ -27,7 +27,9 @@ pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
 /// thread yet.
 pub unsafe fn install(ctx: *mut ibv_context) {
     // SAFETY: `ctx` is CONTEXT_OFFSET bytes into a live, boxed Context that only this thread
-    // knows; writing its C part through a raw pointer creates no aliasing reference.
+    // knows; writing its C part through a raw pointer creates no aliasing reference. Each
+    // function pointer is stored type-erased in the slot verbs.h declares with exactly its
+    // signature, and C calls it through that declaration only.
     unsafe {
         let c = ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<Context>();
         let ops = core::ptr::addr_of_mut!((*c).vctx.ops);

@@ -9,7 +9,7 @@
  * that pauses): every completion is IBV_WC_SUCCESS and every byte ends up in the new memory.
  *
  * Build and run (from the repository root, after `bash scripts/build-ibverbs`):
- *   cc -std=gnu11 -Icrates/softrdma-ibverbs/include crates/softrdma-ibverbs/examples/c/migrate.c \
+ *   cc -std=gnu11 -Itarget/softrdma-lib/include crates/softrdma-ibverbs/examples/c/migrate.c \
  *      -Ltarget/softrdma-lib -l:libibverbs.so.1 -o migrate
  *   LD_LIBRARY_PATH=target/softrdma-lib SOFTRDMA_PIN=on-demand \
  *      SOFTRDMA_DEVICES=softrdma0=127.0.0.1,softrdma1=127.0.0.2 ./migrate
