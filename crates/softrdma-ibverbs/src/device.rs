@@ -206,14 +206,18 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
 }
 
 /// `ibv_open_device`: a new context, or NULL with errno (EINVAL: not our device; EMFILE/ENFILE:
-/// no file descriptor for the async event fd; ENOMEM).
+/// no file descriptor for the async event fd; ENOMEM). The context is extended: verbs.h finds
+/// the operations of [`crate::ext_ops`] in its `verbs_context`.
 ///
 /// # Safety
 /// None beyond the C API's: any pointer is accepted.
 pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     ffi_ptr(|| {
         let dev = lookup(device).ok_or(libc::EINVAL)?;
-        Context::open(dev)
+        let ctx = Context::open(dev)?;
+        // SAFETY: just opened; its pointer has not reached C or another thread yet.
+        unsafe { crate::ext_ops::install(ctx) };
+        Ok(ctx)
     })
 }
 

@@ -45,7 +45,7 @@ macro_rules! exports {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("softrdma-ibverbs exports its symbols with x86_64 or aarch64 trampolines");
 
-use crate::{ah, channel as ch, context as cx, cq, device as dv, mr, qp, query as q, srq};
+use crate::{ah, channel as ch, context as cx, cq, device as dv, mr, qp, query as q, sdv, srq};
 use crate::{strings as st, sysfs as fs};
 
 exports! {
@@ -112,4 +112,13 @@ exports! {
     "IBVERBS_1.12" => [ibv_reg_dmabuf_mr = mr::ibv_reg_dmabuf_mr],
     "IBVERBS_1.13" => [ibv_is_fork_initialized = fs::ibv_is_fork_initialized],
     "IBVERBS_PRIVATE_34" => [ibv_query_gid_type = q::ibv_query_gid_type],
+    "SOFTRDMA_1.0" => [
+        softrdma_mr_get_remap_policy = sdv::softrdma_mr_get_remap_policy,
+        softrdma_mr_query_coherence = sdv::softrdma_mr_query_coherence,
+        softrdma_mr_resume = sdv::softrdma_mr_resume,
+        softrdma_mr_set_remap_policy = sdv::softrdma_mr_set_remap_policy,
+        softrdma_mr_suspend = sdv::softrdma_mr_suspend,
+        softrdma_query_counters = sdv::softrdma_query_counters,
+        softrdma_query_qp_counters = sdv::softrdma_query_qp_counters,
+    ],
 }

@@ -12,7 +12,8 @@
 //! [`device`] (discovery, open/close), [`query`] (device, port, GID, P_Key), [`mr`] (PDs and
 //! regions), [`channel`] and [`events`] (completion channels, async events), [`cq`], [`qp`],
 //! [`srq`], [`ah`], [`mw`] and [`post`] (the rest of the verbs, over `softrdma::verbs`),
-//! [`exports`] (symbols and version nodes).
+//! [`dm`] (device memory) and [`ext_ops`] (the `verbs_context` slots served), [`sdv`]
+//! (softrdma's own calls, `include/softrdma/sdv.h`), [`exports`] (symbols and version nodes).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
@@ -23,9 +24,11 @@ pub mod config;
 pub mod context;
 pub mod cq;
 pub mod device;
+pub mod dm;
 pub mod errno;
 pub mod events;
 pub mod exports;
+pub mod ext_ops;
 pub mod limits;
 pub mod mr;
 pub mod mw;
@@ -33,6 +36,7 @@ pub mod post;
 pub mod qp;
 pub mod query;
 pub mod registry;
+pub mod sdv;
 pub mod srq;
 pub mod strings;
 pub mod sysfs;

@@ -3,7 +3,8 @@
 //!
 //! An `ibv_pd` is the C head of a [`Pd`] (its `handle` is the memory table's PD handle); an
 //! `ibv_mr` is the C head of an [`Mr`] (`lkey == rkey == handle`, the memory table's key).
-//! The registered bytes are the application's: `MemSource::raw`. A PD counts the objects
+//! The registered bytes are the application's (`MemSource::raw`), a file's
+//! (`ibv_reg_dmabuf_mr`: `MemSource::file`) or device memory's (`crate::dm`). A PD counts the objects
 //! made from it (regions, windows, QPs, SRQs, AHs): `ibv_dealloc_pd` is EBUSY while any
 //! remains, as with a kernel driver.
 
@@ -16,6 +17,7 @@ use softrdma::verbs::{self, MrRereg};
 
 use crate::abi::*;
 use crate::context::{Shared, shared_of};
+use crate::dm::DmHold;
 use crate::errno::{ffi_errno, ffi_ptr, guard, set_errno};
 use crate::registry::{self, Kind};
 
@@ -72,6 +74,8 @@ pub struct Mr {
     pub vmr: Option<verbs::Mr>,
     /// The PD it counts against (changes with `IBV_REREG_MR_CHANGE_PD`).
     pub owner: core::cell::Cell<*const Pd>,
+    /// The device memory it is part of (`ibv_reg_dm_mr`), kept busy while it lives.
+    pub dm: Option<DmHold>,
 }
 
 impl core::fmt::Debug for Mr {
@@ -158,17 +162,47 @@ fn reg(
     // is not mapped is refused when pinned (mlock fails: EFAULT); unpinned it faults on
     // access, like ODP memory.
     let src = unsafe { MemSource::raw(addr.cast(), length) };
+    reg_source(
+        p,
+        Registration {
+            src,
+            addr,
+            iova,
+            access,
+            dm: None,
+        },
+    )
+}
+
+/// What [`reg_source`] registers.
+pub(crate) struct Registration {
+    /// The memory.
+    pub src: MemSource,
+    /// What `mr->addr` says (the host address of raw memory; the offset for a dma-buf or
+    /// device memory, as rdma-core's providers report).
+    pub addr: *mut c_void,
+    /// Peers' first address (`None`: the host address).
+    pub iova: Option<u64>,
+    /// `IBV_ACCESS_*`.
+    pub access: u32,
+    /// The device memory the region is part of.
+    pub dm: Option<DmHold>,
+}
+
+/// Register `r.src` in `p` and hand out the C region.
+pub(crate) fn reg_source(p: &Pd, r: Registration) -> Result<*mut ibv_mr, c_int> {
+    let length = r.src.len();
     let vmr = p
         .vpd
-        .reg_mr(src, Access(access), iova)
+        .reg_mr(r.src, Access(r.access), r.iova)
         .map_err(|e| e.errno())?;
     let info = vmr.info();
     p.hold();
     let m = Box::into_raw(Box::new(Mr {
         mr: ibv_mr {
             context: p.pd.context,
-            pd,
-            addr,
+            pd: (&p.pd as *const ibv_pd).cast_mut(),
+            addr: r.addr,
             length,
             handle: info.lkey,
             lkey: info.lkey,
@@ -177,6 +211,7 @@ fn reg(
         shared: p.shared.clone(),
         vmr: Some(vmr),
         owner: core::cell::Cell::new(p),
+        dm: r.dm,
     }))
     .cast::<ibv_mr>();
     registry::insert(m, Kind::Mr);
@@ -228,20 +263,66 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     ffi_ptr(|| reg(pd, addr, length, Some(iova), access))
 }
 
-/// `ibv_reg_dmabuf_mr` (IBVERBS_1.12): not supported, NULL with errno EOPNOTSUPP.
+/// `ibv_reg_dmabuf_mr` (IBVERBS_1.12): register `length` bytes at `offset` of the file
+/// behind `fd` (a dma-buf, a memfd, a regular file: anything `mmap` accepts), peers
+/// addressing them from `iova`. The device duplicates `fd` and maps the range itself
+/// (`MAP_SHARED`), so the caller may close `fd` at once; a file that can still be truncated is
+/// reached with kernel-checked copies (an access past a truncation fails, never SIGBUS).
+/// `mr->addr` is `offset`, as rdma-core reports. NULL with errno EINVAL (bad PD, zero length,
+/// range past the end of the file or wrapping, bad access flags), EBADF (`fd`), or the
+/// `mmap` error (ENODEV: not mappable; EACCES: opened read-only).
 ///
 /// # Safety
 /// None: any arguments are accepted.
 pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
-    _pd: *mut ibv_pd,
-    _offset: u64,
-    _length: usize,
-    _iova: u64,
-    _fd: c_int,
-    _access: c_int,
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
 ) -> *mut ibv_mr {
-    set_errno(libc::EOPNOTSUPP);
-    core::ptr::null_mut()
+    ffi_ptr(|| {
+        // SAFETY: the C API forbids deallocating the PD concurrently.
+        let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+        if length == 0 {
+            return Err(libc::EINVAL);
+        }
+        let end = offset.checked_add(length as u64).ok_or(libc::EINVAL)?;
+        let file = dup_fd(fd)?;
+        let size = file
+            .metadata()
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?
+            .len();
+        if size < end {
+            return Err(libc::EINVAL);
+        }
+        reg_source(
+            p,
+            Registration {
+                src: MemSource::file(file, offset, length),
+                addr: offset as usize as *mut c_void,
+                iova: Some(iova),
+                access: access as u32,
+                dm: None,
+            },
+        )
+    })
+}
+
+/// A descriptor of our own for the file behind `fd`.
+fn dup_fd(fd: c_int) -> Result<std::fs::File, c_int> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    if fd < 0 {
+        return Err(libc::EBADF);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` (any value is safe: a bad one is EBADF).
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(crate::errno::errno());
+    }
+    // SAFETY: `dup` was just returned by fcntl and is owned by nothing else.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(dup) }))
 }
 
 /// `ibv_dereg_mr`: 0 or errno (EINVAL: not a live region, e.g. deregistered twice; EBUSY:

@@ -30,6 +30,8 @@ pub enum Kind {
     Srq,
     /// An `ibv_ah`.
     Ah,
+    /// An `ibv_dm` (device memory).
+    Dm,
 }
 
 static LIVE: LazyLock<Mutex<HashMap<usize, Kind>>> = LazyLock::new(Default::default);

@@ -48,7 +48,11 @@ fn dyn_syms(file: &std::path::Path, defined: bool) -> BTreeSet<String> {
             }
             Some(f[7].replace("@@", "@"))
         })
-        .filter(|s| s.contains("@IBVERBS_") || (defined && s.starts_with("ibv_")))
+        .filter(|s| {
+            s.contains("@IBVERBS_")
+                || s.contains("@SOFTRDMA_")
+                || (defined && (s.starts_with("ibv_") || s.starts_with("softrdma_")))
+        })
         .map(|s| s.split(" (").next().unwrap_or(&s).to_string())
         .collect()
 }

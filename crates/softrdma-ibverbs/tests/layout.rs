@@ -12,6 +12,7 @@ const HEADER: &str = "/usr/include/infiniband/verbs.h";
 fn probe_source(rows: &[FieldLayout]) -> String {
     let mut c = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n\
+         #include <softrdma/sdv.h>\n\
          /* verbs_context is declared in verbs.h */\nint main(void) {\n",
     );
     for r in rows {
@@ -53,6 +54,7 @@ fn layouts_match_installed_verbs_h() {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
         .arg("-std=gnu11")
+        .arg(concat!("-I", env!("CARGO_MANIFEST_DIR"), "/include"))
         .arg("-o")
         .arg(&exe)
         .arg(&src)
@@ -116,4 +118,15 @@ fn sizes_as_documented() {
         208
     );
     assert_eq!(ibverbs::context::CONTEXT_OFFSET, 320);
+    // /work/shared/reference/verbs-abi-offsets.txt: reg_dm_mr 56, alloc_dm 64, free_dm 72.
+    for (slot, off) in [
+        (vctx_slot::REG_DM_MR, 56),
+        (vctx_slot::ALLOC_DM, 64),
+        (vctx_slot::FREE_DM, 72),
+        (vctx_slot::QUERY_DEVICE_EX, 216),
+    ] {
+        assert_eq!(offset_of!(verbs_context, ops) + slot * 8, off);
+    }
+    assert_eq!(size_of::<ibv_dm>(), 32);
+    assert_eq!(size_of::<ibv_alloc_dm_attr>(), 16);
 }

@@ -4,10 +4,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
-use common::{assert_clean_exit, lib_dir, on_softrdma, tool};
+use common::{assert_clean_exit, lib_dir, on_softrdma, run_c_program, tool, wait_bounded};
 
 const TWO: &str = "softrdma0=127.0.0.1,softrdma1=127.0.0.2";
 
@@ -82,19 +82,6 @@ fn devices_and_bad_config() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Wait for `child` at most `limit`; kill it if it is still running then.
-fn wait_bounded(mut child: Child, limit: Duration) -> Output {
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 /// Server and client of `tool_name` in two processes on two loopback addresses (server
@@ -290,43 +277,6 @@ fn run_c(file: &str, devices: &str) -> String {
 
 /// [`run_c`] with `SOFTRDMA_PIN` set to `pin` (unset: the default, pinned).
 fn run_c_with(file: &str, devices: &str, pin: Option<&str>) -> String {
-    let dir = std::env::temp_dir().join(format!("softrdma-capi-{}-{file}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("prog");
     let src = format!("{}/tests/c/{file}", env!("CARGO_MANIFEST_DIR"));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", lib_dir().display()))
-        .arg("-l:libibverbs.so.1")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cc}: {e} (install the Debian package gcc)"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut cmd = Command::new(&exe);
-    cmd.env("LD_LIBRARY_PATH", lib_dir())
-        .env("SOFTRDMA_DEVICES", devices)
-        .env_remove("SOFTRDMA_PIN")
-        .env_remove("SOFTRDMA_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(p) = pin {
-        cmd.env("SOFTRDMA_PIN", p);
-    }
-    let child = cmd.spawn().unwrap();
-    let run = wait_bounded(child, Duration::from_secs(60));
-    assert_clean_exit(file, &run);
-    let text = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success() && text.contains("ALL OK"),
-        "{file}:\n{text}\n{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    text.into_owned()
+    run_c_program(std::path::Path::new(&src), devices, pin, &[])
 }

@@ -137,9 +137,22 @@ fn munmap_invalidates_and_leaves_other_regions_alone() {
     let ma = t.reg_mr(pd, raw(a, len), ALL, None).unwrap();
     let mb = t.reg_mr(pd, raw(b, len), ALL, None).unwrap();
     assert!(matches!(t.watch_status(), WatchStatus::Active { .. }));
-    assert!(t.region_coherence(ma.lkey).unwrap().watched);
+    let rc = t.region_coherence(ma.lkey).unwrap();
+    assert!(rc.watched);
+    assert_eq!((rc.state, rc.cause), (RegionState::Active, None));
+    t.suspend_mr(ma.lkey).unwrap();
+    assert_eq!(
+        t.region_coherence(ma.lkey).unwrap().state,
+        RegionState::Suspended
+    );
+    t.resume_mr(ma.lkey, None).unwrap();
     t.write(c, ma.rkey, ma.iova, &[7; 64], RW).unwrap();
     unmap(a, len);
+    let rc = t.region_coherence(ma.lkey).unwrap();
+    assert_eq!(
+        (rc.state, rc.cause),
+        (RegionState::Invalidated, Some(InvalidationCause::Unmapped))
+    );
     // The unmapping thread waited for the watcher: the region is invalidated by now.
     let inv = AccessError::Invalidated(ma.rkey);
     assert_eq!(t.write(c, ma.rkey, ma.iova, &[1; 64], RW), Err(inv));

@@ -124,6 +124,9 @@ pub const VERBS_CONTEXT_OPS: usize = 39;
 pub mod vctx_slot {
     pub const QUERY_PORT: usize = 0;
     pub const ADVISE_MR: usize = 1;
+    pub const REG_DM_MR: usize = 7;
+    pub const ALLOC_DM: usize = 8;
+    pub const FREE_DM: usize = 9;
     pub const CREATE_CQ_EX: usize = 25;
     pub const QUERY_DEVICE_EX: usize = 27;
     pub const OPEN_QP: usize = 32;

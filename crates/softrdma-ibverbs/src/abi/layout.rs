@@ -1,5 +1,6 @@
 //! The offsets and sizes this library relies on, as a table that `tests/layout.rs` turns into a
-//! C probe (`offsetof`/`sizeof`/`_Alignof` against the installed `infiniband/verbs.h`).
+//! C probe (`offsetof`/`sizeof`/`_Alignof` against the installed `infiniband/verbs.h`, and
+//! against this crate's `include/softrdma/sdv.h` for softrdma's own structs).
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -101,6 +102,9 @@ pub fn table() -> Vec<FieldLayout> {
     for (name, slot) in [
         ("query_port", vctx_slot::QUERY_PORT),
         ("advise_mr", vctx_slot::ADVISE_MR),
+        ("reg_dm_mr", vctx_slot::REG_DM_MR),
+        ("alloc_dm", vctx_slot::ALLOC_DM),
+        ("free_dm", vctx_slot::FREE_DM),
         ("create_cq_ex", vctx_slot::CREATE_CQ_EX),
         ("query_device_ex", vctx_slot::QUERY_DEVICE_EX),
         ("open_qp", vctx_slot::OPEN_QP),
@@ -267,5 +271,87 @@ pub fn table() -> Vec<FieldLayout> {
     fields!(t, "struct ibv_srq_init_attr", ibv_srq_init_attr {
         "srq_context" => srq_context, "attr" => attr,
     });
+    ext(&mut t);
     t
+}
+
+/// Device memory, the extended device attributes, and softrdma's own `softrdma/sdv.h`.
+fn ext(t: &mut Vec<FieldLayout>) {
+    fields!(t, "struct ibv_dm", ibv_dm {
+        "context" => context, "memcpy_to_dm" => memcpy_to_dm,
+        "memcpy_from_dm" => memcpy_from_dm, "comp_mask" => comp_mask, "handle" => handle,
+    });
+    fields!(t, "struct ibv_alloc_dm_attr", ibv_alloc_dm_attr {
+        "length" => length, "log_align_req" => log_align_req, "comp_mask" => comp_mask,
+    });
+    fields!(t, "struct ibv_query_device_ex_input", ibv_query_device_ex_input {
+        "comp_mask" => comp_mask,
+    });
+    fields!(t, "struct ibv_odp_caps", ibv_odp_caps {
+        "general_caps" => general_caps, "per_transport_caps" => per_transport_caps,
+        "per_transport_caps.rc_odp_caps" => per_transport_caps.rc_odp_caps,
+        "per_transport_caps.uc_odp_caps" => per_transport_caps.uc_odp_caps,
+        "per_transport_caps.ud_odp_caps" => per_transport_caps.ud_odp_caps,
+    });
+    fields!(t, "struct ibv_tso_caps", ibv_tso_caps {
+        "max_tso" => max_tso, "supported_qpts" => supported_qpts,
+    });
+    fields!(t, "struct ibv_rss_caps", ibv_rss_caps {
+        "supported_qpts" => supported_qpts,
+        "max_rwq_indirection_tables" => max_rwq_indirection_tables,
+        "max_rwq_indirection_table_size" => max_rwq_indirection_table_size,
+        "rx_hash_fields_mask" => rx_hash_fields_mask, "rx_hash_function" => rx_hash_function,
+    });
+    fields!(t, "struct ibv_packet_pacing_caps", ibv_packet_pacing_caps {
+        "qp_rate_limit_min" => qp_rate_limit_min, "qp_rate_limit_max" => qp_rate_limit_max,
+        "supported_qpts" => supported_qpts,
+    });
+    fields!(t, "struct ibv_tm_caps", ibv_tm_caps {
+        "max_rndv_hdr_size" => max_rndv_hdr_size, "max_num_tags" => max_num_tags,
+        "flags" => flags, "max_ops" => max_ops, "max_sge" => max_sge,
+    });
+    fields!(t, "struct ibv_cq_moderation_caps", ibv_cq_moderation_caps {
+        "max_cq_count" => max_cq_count, "max_cq_period" => max_cq_period,
+    });
+    fields!(t, "struct ibv_pci_atomic_caps", ibv_pci_atomic_caps {
+        "fetch_add" => fetch_add, "swap" => swap, "compare_swap" => compare_swap,
+    });
+    fields!(t, "struct ibv_device_attr_ex", ibv_device_attr_ex {
+        "orig_attr" => orig_attr, "comp_mask" => comp_mask, "odp_caps" => odp_caps,
+        "completion_timestamp_mask" => completion_timestamp_mask,
+        "hca_core_clock" => hca_core_clock, "device_cap_flags_ex" => device_cap_flags_ex,
+        "tso_caps" => tso_caps, "rss_caps" => rss_caps, "max_wq_type_rq" => max_wq_type_rq,
+        "packet_pacing_caps" => packet_pacing_caps, "raw_packet_caps" => raw_packet_caps,
+        "tm_caps" => tm_caps, "cq_mod_caps" => cq_mod_caps, "max_dm_size" => max_dm_size,
+        "pci_atomic_caps" => pci_atomic_caps, "xrc_odp_caps" => xrc_odp_caps,
+        "phys_port_cnt_ex" => phys_port_cnt_ex,
+    });
+    fields!(t, "struct softrdma_mr_coherence", softrdma_mr_coherence {
+        "size" => size, "state" => state, "cause" => cause, "remap_policy" => remap_policy,
+        "watched" => watched, "checked_copy" => checked_copy, "iova" => iova, "addr" => addr,
+        "length" => length,
+    });
+    fields!(t, "struct softrdma_counters", softrdma_counters {
+        "size" => size, "reserved" => reserved, "rx_datagrams" => rx_datagrams,
+        "rx_packets" => rx_packets, "rx_bad" => rx_bad, "rx_icrc_solved" => rx_icrc_solved,
+        "rx_unknown_qp" => rx_unknown_qp, "rx_wrong_peer" => rx_wrong_peer,
+        "tx_datagrams" => tx_datagrams, "tx_packets" => tx_packets, "tx_errors" => tx_errors,
+        "tx_zero_copy" => tx_zero_copy, "thread_wakeups" => thread_wakeups,
+        "thread_receives" => thread_receives, "timer_scans" => timer_scans,
+        "regions" => regions, "windows" => windows, "pds" => pds,
+        "pinned_bytes" => pinned_bytes, "pin_refusals" => pin_refusals,
+        "device_bytes" => device_bytes, "watched_regions" => watched_regions,
+        "unwatched_regions" => unwatched_regions, "coherence_events" => coherence_events,
+        "watch_invalidations" => watch_invalidations, "remaps_followed" => remaps_followed,
+        "access_faults" => access_faults, "invalidations_dropped" => invalidations_dropped,
+    });
+    fields!(t, "struct softrdma_qp_counters", softrdma_qp_counters {
+        "size" => size, "reserved" => reserved, "packets_sent" => packets_sent,
+        "packets_received" => packets_received, "packets_dropped" => packets_dropped,
+        "retransmits" => retransmits, "timeouts" => timeouts,
+        "rnr_naks_received" => rnr_naks_received, "seq_naks_received" => seq_naks_received,
+        "rerequests" => rerequests, "duplicates" => duplicates,
+        "rnr_naks_sent" => rnr_naks_sent, "seq_naks_sent" => seq_naks_sent,
+        "naks_sent" => naks_sent,
+    });
 }

@@ -5,12 +5,14 @@
 
 mod attr;
 mod device;
+mod ext;
 pub mod layout;
 mod objects;
 mod wr;
 
 pub use attr::*;
 pub use device::*;
+pub use ext::*;
 pub use objects::*;
 pub use wr::*;
 

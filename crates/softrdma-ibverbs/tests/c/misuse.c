@@ -27,9 +27,14 @@ int main(void)
 	if (!ctx)
 		return 1;
 
-	/* Extended verbs: abi_compat is not the extended marker, so the inline wrappers fall back. */
+	/* Extended verbs: the context is extended (abi_compat = UINTPTR_MAX); verbs.h calls the slots
+	 * softrdma fills (query_device_ex, the device-memory verbs) and falls back or fails with
+	 * EOPNOTSUPP where a slot is NULL. */
 	struct ibv_device_attr_ex ax;
-	CHECK(ibv_query_device_ex(ctx, NULL, &ax) == 0, "query_device_ex fallback");
+	CHECK(ibv_query_device_ex(ctx, NULL, &ax) == 0, "query_device_ex");
+	CHECK(ax.max_dm_size > 0 && ax.phys_port_cnt_ex == 1, "query_device_ex: extended fields");
+	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
+	CHECK(ibv_query_device_ex(ctx, &in, &ax) == EINVAL, "query_device_ex unknown input");
 	CHECK(ax.orig_attr.atomic_cap == IBV_ATOMIC_HCA, "atomic_cap");
 	CHECK(ax.orig_attr.phys_port_cnt == 1, "port count");
 	struct ibv_port_attr pa;

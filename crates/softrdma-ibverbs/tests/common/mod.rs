@@ -3,8 +3,9 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// The directory `scripts/build-ibverbs` lays the libraries out in (it respects
 /// `CARGO_TARGET_DIR`, as cargo does; the tests pass on the one cargo uses).
@@ -78,6 +79,67 @@ pub fn assert_clean_exit(what: &str, out: &Output) {
     ] {
         assert!(!err.contains(bad), "{what}: {bad:?} in stderr:\n{err}");
     }
+}
+
+/// Wait for `child` at most `limit`; kill it if it is still running then.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Compile the C program `src` against verbs.h, `include/softrdma/sdv.h` and our library
+/// (`cc_args` added), run it with `devices` as `SOFTRDMA_DEVICES` and `SOFTRDMA_PIN` set to
+/// `pin` (unset: the default, pinned); it must exit 0 having printed "ALL OK" within a
+/// minute. Returns what it printed. A compiler error or a crash fails the test.
+pub fn run_c_program(src: &Path, devices: &str, pin: Option<&str>, cc_args: &[&str]) -> String {
+    let name = src.file_name().unwrap().to_string_lossy().into_owned();
+    let dir = std::env::temp_dir().join(format!("softrdma-capi-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("prog");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(concat!("-I", env!("CARGO_MANIFEST_DIR"), "/include"))
+        .arg(src)
+        .args(cc_args)
+        .arg(format!("-L{}", lib_dir().display()))
+        .arg("-l:libibverbs.so.1")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e} (install the Debian package gcc)"));
+    assert!(
+        out.status.success(),
+        "{name} does not compile:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cmd = Command::new(&exe);
+    cmd.env("LD_LIBRARY_PATH", lib_dir())
+        .env("SOFTRDMA_DEVICES", devices)
+        .env_remove("SOFTRDMA_PIN")
+        .env_remove("SOFTRDMA_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(p) = pin {
+        cmd.env("SOFTRDMA_PIN", p);
+    }
+    let child = cmd.spawn().unwrap();
+    let run = wait_bounded(child, Duration::from_secs(60));
+    assert_clean_exit(&name, &run);
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && text.contains("ALL OK"),
+        "{name}:\n{text}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    text.into_owned()
 }
 
 #[path = "../../../softrdma/tests/support/listen.rs"]

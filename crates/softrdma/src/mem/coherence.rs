@@ -33,6 +33,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::region::MrStatus;
 use super::table::{Entry, read, write};
 use super::{MemError, MemoryTable};
 
@@ -119,9 +120,27 @@ pub struct Invalidation {
     pub cause: InvalidationCause,
 }
 
-/// How a region is protected against changes of its memory.
+/// Whether a region can be accessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegionState {
+    /// Accesses proceed.
+    Active,
+    /// Suspended by the application (`suspend`): remote requests are RNR NAKed until `resume`.
+    Suspended,
+    /// Invalidated (by the watcher, or by a verb: local invalidation, SEND with Invalidate);
+    /// final until re-registration.
+    Invalidated,
+}
+
+/// How a region is protected against changes of its memory, and where it stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RegionCoherence {
+    /// Active, suspended or invalidated.
+    pub state: RegionState,
+    /// What invalidated it behind the application's verbs (`None` when it is not invalidated
+    /// or a verb did it), or [`InvalidationCause::Faulted`] when an access to its current
+    /// memory faulted.
+    pub cause: Option<InvalidationCause>,
     /// The watcher is watching this region's pages.
     pub watched: bool,
     /// What a move of its memory does.
@@ -199,7 +218,14 @@ impl MemoryTable {
         match &*g {
             Entry::Mr { key, mr } if *key == lkey => {
                 let st = read(&mr.state);
+                let faulted = mr.faulted.load(Ordering::Acquire);
                 Ok(RegionCoherence {
+                    state: match st.status {
+                        MrStatus::Valid => RegionState::Active,
+                        MrStatus::Suspended => RegionState::Suspended,
+                        MrStatus::Invalidated => RegionState::Invalidated,
+                    },
+                    cause: st.cause.or(faulted.then_some(InvalidationCause::Faulted)),
                     watched: self.coherence.shared.is_watched(lkey),
                     remap: st.remap,
                     checked_copy: st.backing.is_raw() && self.checked_copy(),

@@ -30,7 +30,7 @@ pub use access::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAc
 pub use arena::PageSize;
 pub use coherence::{
     INVALIDATION_QUEUE, Invalidation, InvalidationCause, InvalidationNotify, RawCopy,
-    RegionCoherence, RemapPolicy, WatchMode, WatchStatus,
+    RegionCoherence, RegionState, RemapPolicy, WatchMode, WatchStatus,
 };
 pub use error::{MemError, PinLimitKind, RegError};
 pub use key::{KEY_TAG_BITS, MAX_KEY_INDEX, key_index, key_tag, make_key};

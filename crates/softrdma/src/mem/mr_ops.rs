@@ -123,6 +123,7 @@ impl MemoryTable {
             backing,
             pin,
             status: MrStatus::Valid,
+            cause: None,
         };
         let out = info(key, &state);
         let mr = Arc::new(Mr {
@@ -449,6 +450,7 @@ impl MemoryTable {
         };
         st.access = new_access;
         st.status = MrStatus::Valid;
+        st.cause = None;
         tracing::debug!(old = lkey, key = new_key, "rereg_mr");
         let out = info(new_key, &st);
         drop(st);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32};
 
 use super::pin::PinSpan;
 use super::source::Backing;
-use super::{Access, AccessCtx, AccessError, MemError, RemapPolicy};
+use super::{Access, AccessCtx, AccessError, InvalidationCause, MemError, RemapPolicy};
 
 /// The rights a lookup can require (everything else in a request is ignored).
 pub(crate) const RIGHTS: u32 = Access::LOCAL_WRITE.0
@@ -86,6 +86,8 @@ pub(crate) struct MrState {
     pub(crate) backing: Backing,
     pub(crate) pin: Option<PinSpan>,
     pub(crate) status: MrStatus,
+    /// Why the watcher invalidated the region (`None`: valid, or invalidated by a verb).
+    pub(crate) cause: Option<InvalidationCause>,
     /// What an `mremap` of raw memory does to the region.
     pub(crate) remap: RemapPolicy,
 }

@@ -491,6 +491,7 @@ impl Shared {
                         Err(e) => {
                             tracing::warn!(lkey, %e, "cannot pin moved memory: invalidating");
                             st.status = MrStatus::Invalidated;
+                            st.cause = Some(InvalidationCause::Remapped);
                             self.forget(lkey, reg, unregister);
                             out.push(Invalidation {
                                 lkey,
@@ -513,6 +514,7 @@ impl Shared {
             }
             Verdict::Invalidate(cause) => {
                 st.status = MrStatus::Invalidated;
+                st.cause = Some(cause);
                 if let Some(g) = gone {
                     // The pages left these addresses: forget them without unlocking; unlock
                     // the rest of the region (still mapped) as deregistration would.

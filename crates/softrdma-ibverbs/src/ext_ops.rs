@@ -1,0 +1,106 @@
+//! The extended operations of `struct verbs_context` that this library serves, and
+//! `query_device_ex`.
+//!
+//! verbs.h consults `verbs_context` only when `context.abi_compat` is `UINTPTR_MAX`; then each
+//! inline wrapper calls its slot if it is non-NULL and otherwise behaves as before (a fallback
+//! to the exported function, or EOPNOTSUPP). [`install`] fills `query_device_ex`,
+//! `reg_dm_mr`, `alloc_dm` and `free_dm` and sets the marker, on a context just opened
+//! (before its pointer reaches C); every other slot stays NULL.
+
+use core::ffi::{c_int, c_void};
+use core::mem::offset_of;
+
+use softrdma::mem::MemConfig;
+
+use crate::abi::*;
+use crate::context::{CONTEXT_OFFSET, Context};
+use crate::errno::ffi_errno;
+use crate::query::device_attr;
+
+/// `__VERBS_ABI_IS_EXTENDED`: `abi_compat` of a context whose `verbs_context` is valid.
+pub const VERBS_ABI_IS_EXTENDED: usize = usize::MAX;
+
+/// Fill the extended slots of the context `ctx` (from `Context::open`) and mark it extended.
+///
+/// # Safety
+/// `ctx` was just returned by `Context::open` and has not been handed to C or any other
+/// thread yet.
+pub unsafe fn install(ctx: *mut ibv_context) {
+    // SAFETY: `ctx` is CONTEXT_OFFSET bytes into a live, boxed Context that only this thread
+    // knows; writing its C part through a raw pointer creates no aliasing reference. Each
+    // function pointer is stored type-erased in the slot verbs.h declares with exactly its
+    // signature, and C calls it through that declaration only.
+    unsafe {
+        let c = ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<Context>();
+        let ops = core::ptr::addr_of_mut!((*c).vctx.ops);
+        let slot = |f: *const ()| -> CompatSlot {
+            Some(core::mem::transmute::<*const (), unsafe extern "C" fn()>(f))
+        };
+        (*ops)[vctx_slot::QUERY_DEVICE_EX] = slot(query_device_ex as *const ());
+        (*ops)[vctx_slot::REG_DM_MR] = slot(crate::dm::reg_dm_mr as *const ());
+        (*ops)[vctx_slot::ALLOC_DM] = slot(crate::dm::alloc_dm as *const ());
+        (*ops)[vctx_slot::FREE_DM] = slot(crate::dm::free_dm as *const ());
+        core::ptr::addr_of_mut!((*ctx).abi_compat).write(VERBS_ABI_IS_EXTENDED as *mut c_void);
+    }
+}
+
+/// Device memory a device offers in all (`max_dm_size`): the memory table's bound on
+/// device-allocated bytes, which `verbs::Device::open` leaves at its default.
+pub fn max_dm_size() -> u64 {
+    MemConfig::default().max_device_bytes
+}
+
+/// `verbs_context.query_device_ex` (verbs.h's `ibv_query_device_ex`): the attributes of
+/// `ibv_query_device` plus `max_dm_size` and `phys_port_cnt_ex`; the rest is zero. Writes
+/// `attr_size` bytes (a caller built against an older header passes fewer and gets the
+/// fields that fit; a newer one gets zeros past ours). 0 or errno (EINVAL: not an open context, NULL `attr`,
+/// `attr_size` below `struct ibv_device_attr`, `input->comp_mask` not 0). Does not open the
+/// engine.
+///
+/// # Safety
+/// `attr` is NULL or points to `attr_size` writable bytes; `input` is NULL or readable.
+pub unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ffi_errno(|| {
+        // SAFETY: the C API forbids closing a context while querying it.
+        let dev = unsafe { Context::from_ibv(context) }
+            .map(|c| c.shared.dev)
+            .ok_or(libc::EINVAL)?;
+        // SAFETY: NULL or readable per the contract.
+        if !input.is_null() && unsafe { input.read() }.comp_mask != 0 {
+            return Err(libc::EINVAL);
+        }
+        if attr.is_null() || attr_size < core::mem::size_of::<ibv_device_attr>() {
+            return Err(libc::EINVAL);
+        }
+        let put = |off: usize, bytes: &[u8]| {
+            if off + bytes.len() <= attr_size {
+                // SAFETY: inside the caller's `attr_size` writable bytes (checked just above).
+                unsafe {
+                    let dst = attr.cast::<u8>().add(off);
+                    core::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len());
+                }
+            }
+        };
+        // SAFETY: `attr` has `attr_size` writable bytes (the contract), at least an
+        // `ibv_device_attr` (checked above), which is its first member; the rest is zero but
+        // for the two fields written below, each only where it fits.
+        unsafe {
+            core::ptr::write_bytes(attr.cast::<u8>(), 0, attr_size);
+            attr.cast::<ibv_device_attr>().write(device_attr(dev));
+        }
+        put(
+            offset_of!(ibv_device_attr_ex, max_dm_size),
+            &max_dm_size().to_ne_bytes(),
+        );
+        put(
+            offset_of!(ibv_device_attr_ex, phys_port_cnt_ex),
+            &1u32.to_ne_bytes(),
+        );
+        Ok(())
+    })
+}
