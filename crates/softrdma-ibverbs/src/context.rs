@@ -2,15 +2,16 @@
 //!
 //! Memory layout of one opened context (one heap block, [`Context`]):
 //! ```text
-//!   +0    verbs_context: 39 extended-op slots, sz          (all NULL)         
-//!   +320  ibv_context: device, ops (32 slots), cmd_fd, async_fd, ..., abi_compat = NULL
+//!   +0    verbs_context: 39 extended-op slots, sz
+//!   +320  ibv_context: device, ops (32 slots), cmd_fd, async_fd, ..., abi_compat
 //!   +648  Arc<Shared>: the device, the memory table, the async event queue
 //! ```
 //! C holds `&ctx.vctx.context`; [`Context::from_ibv`] checks the registry and steps back 320
-//! bytes. `abi_compat` is NULL, so verbs.h treats every extended verb as unsupported
-//! (`ibv_query_device_ex` and `ibv_query_port` fall back to the exported functions;
-//! `ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ... fail with EOPNOTSUPP).
-//! To serve extended verbs later, fill `vctx.ops` and set `abi_compat` to `UINTPTR_MAX`.
+//! bytes. `ibv_open_device` then fills the extended slots softrdma serves
+//! (`crate::ext_ops::install`: `query_device_ex`, `alloc_dm`, `free_dm`, `reg_dm_mr`) and sets
+//! `abi_compat` to `UINTPTR_MAX`, which makes verbs.h consult them; every other slot stays
+//! NULL, so verbs.h falls back to the exported function (`ibv_query_port`) or fails with
+//! EOPNOTSUPP (`ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ...).
 //!
 //! The engine behind a context is a `softrdma::verbs::Device`, opened on first use (the first
 //! PD, CQ or completion channel), so `ibv_devinfo` never binds the RoCEv2 port. All contexts
