@@ -558,6 +558,27 @@ fn atomics_execute_once_whatever_is_replayed() {
     let c = qp.counters().resp;
     assert_eq!(c.atomic_replays, 20, "{c:?}");
     assert_eq!(c.duplicates_dropped, 2, "{c:?}");
+
+    // Sixteen more atomics push the first two out of the replay cache (16 entries): a replay
+    // of the first is then dropped, not executed again.
+    for i in 0..16 {
+        a.send(
+            atomic(Opcode::RC_FETCH_ADD, EPSN + 2 + i, va, key, 1, 0),
+            &[],
+        );
+    }
+    a.send(faa, &[]);
+    let out = a.collect(Duration::from_millis(300));
+    let acks = out.iter().filter(|o| o.0 == OpKind::AtomicAck).count();
+    assert_eq!(acks, 16, "{out:?}");
+    v.public.read(64, &mut buf).unwrap();
+    assert_eq!(
+        u64::from_ne_bytes(buf),
+        42 + 16,
+        "a replay older than the cache executed"
+    );
+    let c = qp.counters().resp;
+    assert_eq!(c.duplicates_dropped, 3, "{c:?}");
 }
 
 /// A key that died stays dead on the wire: after deregistration, re-registration, a type 1
@@ -667,6 +688,23 @@ fn dead_keys_stay_dead() {
     let mut b = [0u8; 8];
     host.read(128, &mut b).unwrap();
     assert_eq!(b, [1; 8], "bytes placed through a dead key");
+
+    // LOCAL_INV of a region (no window bound to it) by the victim's own QP.
+    drop(a);
+    let li = v.pd.reg_buffer(vec![0u8; 64], all()).unwrap();
+    let q = v.qp();
+    let inv = SendWr::new(9, WrOpcode::LocalInv { rkey: li.lkey() }).flags(SendFlags::SIGNALED);
+    q.post_send(&inv).unwrap();
+    let wc = v.cq.wait(1, Duration::from_secs(5));
+    assert_eq!(wc.len(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::Success));
+    assert_eq!(probe(li.iova(), li.rkey()), dead, "key after LOCAL_INV");
+    let back = li.dereg().map_err(|(_, e)| e).unwrap();
+    let back = back.downcast::<Vec<u8>>().ok().unwrap();
+    assert!(
+        back.iter().all(|&x| x == 0),
+        "bytes placed through a key after LOCAL_INV"
+    );
 }
 
 /// Key guessing in sequence, at the expected PSN: whatever a guess hits (no region, a region
