@@ -14,9 +14,10 @@ use super::ChildGuard;
 
 /// Run the test `test` of this binary again in a network namespace, with `role` set in its
 /// environment; returns its output once it succeeded. `None` when namespaces (or what the
-/// child needs, `needs`) are unavailable here: said loudly, and a failure when `CI` is set.
+/// child needs, `needs`) are unavailable here: said loudly, and a failure under `scripts/test`
+/// (which sets `SOFTRDMA_STRICT`) or when `CI` is set.
 pub fn run_in_netns(test: &str, role: &str, needs: &str) -> Option<String> {
-    let ci = std::env::var_os("CI").is_some();
+    let ci = std::env::var_os("CI").is_some() || std::env::var_os("SOFTRDMA_STRICT").is_some();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(role, "1");
@@ -65,7 +66,10 @@ pub fn run_in_netns(test: &str, role: &str, needs: &str) -> Option<String> {
 }
 
 fn unavailable(ci: bool, needs: &str, why: &str) {
-    assert!(!ci, "CI is set and the test cannot run: {needs}: {why}");
+    assert!(
+        !ci,
+        "the test cannot run here (CI or SOFTRDMA_STRICT is set): {needs}: {why}"
+    );
     eprintln!("\n######## SKIPPED: {needs} (root, or unprivileged user namespaces): {why}\n");
 }
 
