@@ -6,7 +6,8 @@
 //! The test runs in a network namespace of its own: it re-runs its own binary (selected by
 //! `SOFTRDMA_SPOOF_CHILD`) after `unshare(CLONE_NEWNET)` (plus a user namespace when not
 //! root), brings `lo` up there and sends nothing outside it. When namespaces or raw sockets
-//! are not available it says so loudly and passes, unless `CI` is set: then it fails.
+//! are not available it says so loudly and passes, unless `CI` or `SOFTRDMA_STRICT` (set by
+//! `scripts/test`) is set: then it fails.
 //!
 //! What such an injector is up against is only what the packets carry: it has the peer's
 //! address and port, so the peer filter lets it through, and it must guess the QPN (given
