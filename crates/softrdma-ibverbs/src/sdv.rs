@@ -237,6 +237,7 @@ pub unsafe extern "C" fn softrdma_query_counters(
             remaps_followed: m.remaps_followed,
             access_faults: m.access_faults,
             invalidations_dropped: m.invalidations_dropped,
+            access_violations: l(&e.access_violations),
         };
         // SAFETY: forwarded contract.
         unsafe { put(out, c, |c, n| c.size = n) }

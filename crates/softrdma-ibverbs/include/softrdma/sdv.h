@@ -82,6 +82,9 @@ struct softrdma_counters {
 	uint64_t remaps_followed;
 	uint64_t access_faults;
 	uint64_t invalidations_dropped;
+	/* QPs ended by an access violation: a region they used was invalidated, or their own
+	 * access met vanished memory or an invalidated key (IBV_EVENT_QP_ACCESS_ERR each) */
+	uint64_t access_violations;
 };
 
 /* One QP's transport counters (requester and responder sides). */

@@ -185,6 +185,7 @@ pub struct softrdma_counters {
     pub remaps_followed: u64,
     pub access_faults: u64,
     pub invalidations_dropped: u64,
+    pub access_violations: u64,
 }
 
 /// `struct softrdma_qp_counters` (sdv.h).

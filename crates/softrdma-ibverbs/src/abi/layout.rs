@@ -344,6 +344,7 @@ fn ext(t: &mut Vec<FieldLayout>) {
         "unwatched_regions" => unwatched_regions, "coherence_events" => coherence_events,
         "watch_invalidations" => watch_invalidations, "remaps_followed" => remaps_followed,
         "access_faults" => access_faults, "invalidations_dropped" => invalidations_dropped,
+        "access_violations" => access_violations,
     });
     fields!(t, "struct softrdma_qp_counters", softrdma_qp_counters {
         "size" => size, "reserved" => reserved, "packets_sent" => packets_sent,

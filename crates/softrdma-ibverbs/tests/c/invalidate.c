@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <infiniband/verbs.h>
+#include <softrdma/sdv.h>
 
 static int failures;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
@@ -222,6 +223,10 @@ int main(void)
 		      poll1(bp.cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "bystander after %d", i);
 	struct pollfd pf = { .fd = v.ctx->async_fd, .events = POLLIN };
 	CHECK(poll(&pf, 1, 0) == 0, "no further event");
+	/* The device counts them (softrdma/sdv.h). */
+	struct softrdma_counters c = { .size = sizeof(c) };
+	CHECK(softrdma_query_counters(v.ctx, &c) == 0 && c.size == sizeof(c) && c.access_violations == 3,
+	      "access_violations %llu (size %u)", (unsigned long long)c.access_violations, c.size);
 
 	if (failures)
 		return 1;
