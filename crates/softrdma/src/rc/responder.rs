@@ -467,6 +467,8 @@ impl RecvSide {
         // A message longer than the largest one (2 GiB) is refused before its offset could
         // wrap, whatever the receive buffers hold.
         if end > wqe.sges.total_len() || end > super::MAX_MSG_SIZE {
+            // The receive completes here (in error): it is no longer in progress.
+            self.msg = InMsg::Idle;
             cq.push_back(self.recv_wc(
                 qpn,
                 wqe.wr_id,
@@ -498,6 +500,7 @@ impl RecvSide {
                 }
                 return self.rnr(psn, c);
             }
+            self.msg = InMsg::Idle;
             cq.push_back(self.recv_wc(
                 qpn,
                 wqe.wr_id,
@@ -519,6 +522,7 @@ impl RecvSide {
             wc.solicited = pkt.hdr.bth.se;
             if let Some(rkey) = pkt.hdr.ieth {
                 if mem.invalidate(actx, rkey, Invalidator::Remote).is_err() {
+                    self.msg = InMsg::Idle;
                     wc.status = WcStatus::LocProtErr;
                     cq.push_back(wc);
                     return self.nak(psn, NakCode::InvalidRequest, c);
