@@ -181,3 +181,56 @@ fn lent_packets_are_the_bytes_of_copied_ones() {
         assert!(g == w, "packet {i} differs");
     }
 }
+
+/// LOCAL_INV posted behind a SEND whose payload is lent: the QP reports the invalidated key,
+/// and waiting on it (what the engine does before that LOCAL_INV's completion reaches the
+/// application) lasts until the lent bytes are handed back, i.e. sent. Before, the LOCAL_INV
+/// completed while the socket could still read the region's bytes for the SEND: an
+/// application reusing the memory at the completion could have its new bytes sent.
+#[test]
+fn local_inv_completes_only_after_the_lent_bytes_are_sent() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let mut s = side();
+    let (lkey, iova) = (s.lkey, s.iova);
+    let sge = [Sge {
+        addr: iova,
+        length: 16384,
+        lkey,
+    }];
+    s.qp.post_send(&SendWr::new(1, WrOpcode::Send).sg(&sge))
+        .unwrap();
+    s.qp.post_send(&SendWr::new(2, WrOpcode::LocalInv { rkey: lkey }))
+        .unwrap();
+    let mut buf = vec![0u8; 8192];
+    let mut g = Gather::default();
+    let mut guards = Vec::new();
+    let mut lent = 0;
+    while s
+        .qp
+        .poll_transmit_gather(0, &s.mem, &mut buf, &mut g, false)
+        .is_some()
+    {
+        let (pieces, gd) = g.take();
+        lent += usize::from(!pieces.is_empty());
+        guards.push(gd);
+    }
+    assert!(lent > 0, "the SEND's payload was lent");
+    assert_eq!(s.qp.pop_invalidated(), Some(lkey), "the LOCAL_INV ran");
+    assert_eq!(s.qp.pop_invalidated(), None);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            s.mem.wait_unlent(lkey);
+            done.store(true, Ordering::Release);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !done.load(Ordering::Acquire),
+            "the wait ended while the SEND's bytes were still lent"
+        );
+        drop(guards);
+        h.join().unwrap();
+        assert!(done.load(Ordering::Acquire));
+    });
+}

@@ -1,6 +1,7 @@
 //! Window verbs: allocate, deallocate, bind (type 1 by the verb, type 2 by a work request
 //! through [`MemoryAccess::bind_mw`](super::MemoryAccess::bind_mw)), invalidate.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::key::key_index;
@@ -74,6 +75,7 @@ impl MemoryTable {
                 ty,
                 binding: None,
                 invalidated: false,
+                unbound_from: None,
             });
         }
         self.windows.fetch_add(1, Ordering::Relaxed);
@@ -219,6 +221,30 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// Wait, holding no lock, until no byte lent to the transmit path from the region `key`
+    /// reaches (its own key, or a window's: the region it is bound to, or was when it was
+    /// invalidated) remains unsent. A driver calls it before it reports the completion of
+    /// work that invalidated `key` (LOCAL_INV, SEND with Invalidate): once the application
+    /// sees the key invalidated, nothing reads the region's bytes for an earlier request any
+    /// more. Returns at once for a key that names nothing.
+    pub fn wait_unlent(&self, key: u32) {
+        let Ok(slot) = self.slot(key) else {
+            return;
+        };
+        let mr = match &*read(slot) {
+            Entry::Mr { key: k, mr } if *k == key => Some(Arc::clone(mr)),
+            Entry::Mw(mw) if mw.key == key => mw
+                .binding
+                .as_ref()
+                .map(|b| Arc::clone(&b.parent))
+                .or_else(|| mw.unbound_from.as_ref().and_then(std::sync::Weak::upgrade)),
+            _ => None,
+        };
+        if let Some(mr) = mr {
+            mr.wait_unlent();
+        }
+    }
+
     pub(crate) fn invalidate_key(
         &self,
         ctx: AccessCtx,
@@ -257,6 +283,8 @@ impl MemoryTable {
                 if b.qpn != Some(ctx.qpn) {
                     return Err(AccessError::WrongQp(key));
                 }
+                let from = Arc::downgrade(&b.parent);
+                mw.unbound_from = Some(from);
                 mw.unbind();
                 mw.invalidated = true;
                 Ok(())

@@ -42,6 +42,10 @@ pub(crate) struct Mw {
     pub(crate) binding: Option<Binding>,
     /// Unbound by invalidation (as opposed to never bound).
     pub(crate) invalidated: bool,
+    /// The region the window was bound to when it was invalidated: bytes lent through the
+    /// window count in that region, and its invalidation waits for them
+    /// ([`MemoryTable::wait_unlent`](super::MemoryTable::wait_unlent)).
+    pub(crate) unbound_from: Option<std::sync::Weak<Mr>>,
 }
 
 impl Mw {

@@ -797,6 +797,12 @@ impl Engine {
     /// produce packets, such as a receive: acknowledgements waiting in the batch then still
     /// leave with the QP's next request).
     pub fn drain_completions(&self, cell: &QpCell, body: &mut QpBody) {
+        // Work that invalidated a key completes only once every byte lent from its region has
+        // been handed to the socket (this QP's batch is flushed before completions are
+        // drained; another QP's, by the drive that built it, which needs no lock held here).
+        while let Some(key) = body.qp.pop_invalidated() {
+            self.mem.wait_unlent(key);
+        }
         while let Some(wc) = body.qp.poll_send_completion() {
             cell.send_cq.push(wc);
         }

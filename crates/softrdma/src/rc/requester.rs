@@ -95,6 +95,9 @@ impl SendSide {
                 }
                 if w.op.is_local() {
                     let st = execute_local(w, actx, mem);
+                    if let (WcStatus::Success, WrOpcode::LocalInv { rkey }) = (st, w.op) {
+                        self.invalidated.push(rkey);
+                    }
                     let w = self.sq.get_mut(seq);
                     w.done = Some(st);
                     w.psn_assigned = true;

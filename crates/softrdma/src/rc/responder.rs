@@ -148,6 +148,9 @@ pub struct RecvSide {
     pub(super) unacked: Option<Psn>,
     /// The PSN and NAK of a message an invalidated region cut short (error state only).
     violation: Option<(Psn, NakCode)>,
+    /// Keys a peer's SEND with Invalidate invalidated, for the driver to wait on
+    /// ([`super::Qp::pop_invalidated`]).
+    pub(super) invalidated: Vec<u32>,
     /// The next PSN and R_Key of a READ response stream stopped because its region was
     /// suspended (or changing), until a repeat of the READ is answered in full: the QP still
     /// uses that region.
@@ -189,6 +192,7 @@ impl RecvSide {
             dest_qpn: 0,
             unacked: None,
             violation: None,
+            invalidated: Vec::with_capacity(4),
             stopped_stream: None,
         }
     }
@@ -528,6 +532,7 @@ impl RecvSide {
                     return self.nak(psn, NakCode::InvalidRequest, c);
                 }
                 wc.invalidated_rkey = Some(rkey);
+                self.invalidated.push(rkey);
             }
             cq.push_back(wc);
             self.next_msn();

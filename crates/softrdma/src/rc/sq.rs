@@ -218,6 +218,8 @@ pub struct SendSide {
     pub dest_qpn: u32,
     /// Every WQE completes signaled (`sq_sig_all`).
     pub sig_all: bool,
+    /// Keys LOCAL_INV invalidated, for the driver to wait on ([`super::Qp::pop_invalidated`]).
+    pub invalidated: Vec<u32>,
 }
 
 impl SendSide {
@@ -251,6 +253,7 @@ impl SendSide {
             max_rd_atomic: 1,
             dest_qpn: 0,
             sig_all,
+            invalidated: Vec::with_capacity(4),
         }
     }
 

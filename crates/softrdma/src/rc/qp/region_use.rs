@@ -18,6 +18,18 @@ impl Qp {
         ) && (self.send.names_key(names) || self.recv.uses_key(names))
     }
 
+    /// A key this QP invalidated (its LOCAL_INV, or a peer's SEND with Invalidate) since the
+    /// last call. Before the driver reports that work's completion it waits until no byte lent
+    /// from the key's region is unsent (`MemoryTable::wait_unlent`): a request built before
+    /// the invalidation may still hold the region's bytes for the socket (in this QP's
+    /// transmit batch, sent by the time completions are drained, or another QP's).
+    pub fn pop_invalidated(&mut self) -> Option<u32> {
+        self.send
+            .invalidated
+            .pop()
+            .or_else(|| self.recv.invalidated.pop())
+    }
+
     /// The region `names` picks was invalidated while this QP used it: end a message in
     /// progress into it or a READ response stream out of it with a NAK the peer's requester
     /// accepts (it completes that WR with `REM_ACCESS_ERR`, or `REM_OP_ERR` for a SEND), and
