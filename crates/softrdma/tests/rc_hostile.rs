@@ -358,3 +358,154 @@ fn queued_duplicates_do_not_refuse_a_new_read_within_the_depth() {
     );
     assert_eq!(v.counters().naks_sent, 0);
 }
+
+/// Memory that accepts every access and keeps nothing: lets a test feed the responder a
+/// message of gigabytes without holding them.
+struct Sink;
+
+impl MemoryAccess for Sink {
+    fn check(
+        &self,
+        _: AccessCtx,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: Access,
+    ) -> Result<(), softrdma::mem::AccessError> {
+        Ok(())
+    }
+    fn write(
+        &self,
+        _: AccessCtx,
+        _: u32,
+        _: u64,
+        _: &[u8],
+        _: Access,
+    ) -> Result<(), softrdma::mem::AccessError> {
+        Ok(())
+    }
+    fn read(
+        &self,
+        _: AccessCtx,
+        _: u32,
+        _: u64,
+        out: &mut [u8],
+        _: Access,
+    ) -> Result<(), softrdma::mem::AccessError> {
+        out.fill(0);
+        Ok(())
+    }
+    fn atomic(
+        &self,
+        _: AccessCtx,
+        _: u32,
+        _: u64,
+        _: softrdma::mem::AtomicOp,
+    ) -> Result<u64, softrdma::mem::AccessError> {
+        Ok(0)
+    }
+    fn invalidate(
+        &self,
+        _: AccessCtx,
+        _: u32,
+        _: softrdma::mem::Invalidator,
+    ) -> Result<(), softrdma::mem::AccessError> {
+        Ok(())
+    }
+    fn bind_mw(
+        &self,
+        _: AccessCtx,
+        _: u32,
+        _: u32,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: Access,
+    ) -> Result<(), softrdma::mem::AccessError> {
+        Ok(())
+    }
+}
+
+/// A SEND longer than the largest message (2 GiB) into receive buffers larger still (two
+/// SGEs of 4 GiB - 1 each): the packet that takes it past 2 GiB completes the receive with
+/// LOC_LEN_ERR and draws an Invalid Request NAK, before the message's 32-bit offset could
+/// wrap and place its bytes back at the start of the buffer. 524,289 packets of 4 KiB into
+/// memory that keeps nothing.
+#[test]
+fn a_send_past_the_largest_message_is_refused_before_its_offset_wraps() {
+    const MTU: usize = 4096;
+    let mut qp = Qp::new(QpInit {
+        qp_num: VICTIM,
+        pd: 1,
+        cap: QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 2,
+            max_inline_data: 0,
+        },
+        srq: None,
+        sq_sig_all: false,
+    })
+    .unwrap();
+    qp.connect(&QpAttr {
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        av: Some(IcrcContext::v4(
+            Ipv4Addr::new(127, 0, 0, 2),
+            Ipv4Addr::new(127, 0, 0, 1),
+            0xc022,
+        )),
+        path_mtu: Mtu::Mtu4096,
+        rq_psn: EPSN,
+        sq_psn: 1,
+        dest_qp_num: PEER,
+        ..QpAttr::default()
+    })
+    .unwrap();
+    let huge = |addr| Sge {
+        addr,
+        length: u32::MAX,
+        lkey: 0x100,
+    };
+    qp.post_recv(&RecvWr {
+        wr_id: 5,
+        sg_list: &[huge(0), huge(1 << 32)],
+    })
+    .unwrap();
+    let payload = vec![0x42u8; MTU];
+    let feed = |qp: &mut Qp, op: Opcode, psn: u32| {
+        let mut h = HeaderRepr::new(BthRepr::new(op, VICTIM, Psn::new(psn)));
+        h.bth.ack_req = false;
+        let pkt = Packet {
+            hdr: h,
+            payload: &payload,
+            icrc: 0,
+        };
+        qp.handle_packet(0, &pkt, &Sink, None);
+    };
+    let within = (softrdma::rc::MAX_MSG_SIZE / MTU as u64) as u32;
+    feed(&mut qp, Opcode::RC_SEND_FIRST, EPSN);
+    for i in 1..within {
+        feed(&mut qp, Opcode::RC_SEND_MIDDLE, EPSN + i);
+    }
+    assert_eq!(qp.expected_psn(), Psn::new(EPSN + within), "2 GiB accepted");
+    assert!(qp.poll_recv_completion().is_none());
+    // One packet more: past 2 GiB.
+    feed(&mut qp, Opcode::RC_SEND_MIDDLE, EPSN + within);
+    let wc = qp.poll_recv_completion().expect("the receive completes");
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::LocLenErr));
+    let mut buf = vec![0u8; 8192];
+    let mut naks = Vec::new();
+    while let Some(n) = qp.poll_transmit(0, &Sink, &mut buf) {
+        let p = Packet::parse(&buf[..n]).unwrap();
+        naks.push((p.hdr.bth.psn, p.hdr.aeth.map(|a| a.syndrome)));
+    }
+    assert!(
+        naks.contains(&(
+            Psn::new(EPSN + within),
+            Some(Syndrome::Nak(NakCode::InvalidRequest))
+        )),
+        "{naks:?}"
+    );
+    assert_eq!(qp.state(), softrdma::rc::QpState::Err);
+}
