@@ -7,8 +7,11 @@ use std::net::Ipv4Addr;
 pub const MAX_DEVICES: usize = 64;
 /// Default configuration file.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/softrdma.conf";
-/// `IBV_MTU_1024`: the default active MTU, as rxe on an Ethernet MTU of 1500.
+/// `IBV_MTU_1024`: the active MTU of a device whose address is on no interface here (what rxe
+/// reports on an Ethernet MTU of 1500).
 pub const DEFAULT_ACTIVE_MTU: i32 = 3;
+/// `active_mtu` of an entry that names none: follow the interface ([`crate::ifmtu`]).
+pub const MTU_FROM_INTERFACE: i32 = 0;
 
 /// One device: its name, the IPv4 address it binds (`<addr>:4791`), its active path MTU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,8 +20,21 @@ pub struct DeviceConfig {
     pub name: String,
     /// The address the device binds; its GID is `::ffff:<addr>`.
     pub addr: Ipv4Addr,
-    /// Active MTU as `enum ibv_mtu` (1 = 256 .. 5 = 4096).
+    /// Active MTU as `enum ibv_mtu` (1 = 256 .. 5 = 4096); [`MTU_FROM_INTERFACE`] until the
+    /// device table resolves it ([`DeviceConfig::resolve_mtu`]).
     pub active_mtu: i32,
+}
+
+impl DeviceConfig {
+    /// An entry that named no MTU takes the one of the interface its address is on (as rxe),
+    /// or [`DEFAULT_ACTIVE_MTU`] when its address is on none.
+    pub fn resolve_mtu(mut self) -> DeviceConfig {
+        if self.active_mtu == MTU_FROM_INTERFACE {
+            self.active_mtu = crate::ifmtu::interface_mtu(self.addr)
+                .map_or(DEFAULT_ACTIVE_MTU, crate::ifmtu::active_mtu_for);
+        }
+        self
+    }
 }
 
 /// `enum ibv_mtu` of a byte count.
@@ -56,7 +72,7 @@ fn parse_entry(entry: &str, index: usize) -> Result<DeviceConfig, String> {
                 .ok_or_else(|| format!("{entry:?}: MTU must be 256, 512, 1024, 2048 or 4096"))?;
             (a.trim(), mtu)
         }
-        None => (rest, DEFAULT_ACTIVE_MTU),
+        None => (rest, MTU_FROM_INTERFACE),
     };
     let addr: Ipv4Addr = addr
         .parse()
@@ -161,7 +177,7 @@ mod tests {
         assert_eq!(d[1].name, "softrdma1");
         assert_eq!(d[1].addr, Ipv4Addr::new(127, 0, 0, 2));
         assert_eq!(d[1].active_mtu, 5);
-        assert_eq!(d[0].active_mtu, DEFAULT_ACTIVE_MTU);
+        assert_eq!(d[0].active_mtu, MTU_FROM_INTERFACE);
         let d = parse_list("127.0.0.1, 127.0.0.2").unwrap();
         assert_eq!(d[1].name, "softrdma1");
         assert!(parse_list("127.0.0.1,127.0.0.1").is_err());

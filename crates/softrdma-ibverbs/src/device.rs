@@ -57,6 +57,7 @@ impl Device {
             dev_path: [0; crate::abi::IBV_SYSFS_PATH_MAX],
             ibdev_path: [0; crate::abi::IBV_SYSFS_PATH_MAX],
         };
+        let cfg = cfg.resolve_mtu();
         let mut d = Device { dev, cfg, index };
         copy_cstr(&mut dev.name, &d.cfg.name);
         copy_cstr(&mut dev.dev_name, &format!("uverbs{index}"));

@@ -29,6 +29,7 @@ pub mod errno;
 pub mod events;
 pub mod exports;
 pub mod ext_ops;
+pub mod ifmtu;
 pub mod limits;
 pub mod mr;
 pub mod mw;

@@ -39,7 +39,7 @@ int main(void)
 	CHECK(ax.orig_attr.phys_port_cnt == 1, "port count");
 	struct ibv_port_attr pa;
 	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE, "query_port");
-	CHECK(pa.link_layer == IBV_LINK_LAYER_ETHERNET && pa.active_mtu == IBV_MTU_1024, "port attrs");
+	CHECK(pa.link_layer == IBV_LINK_LAYER_ETHERNET && pa.active_mtu == IBV_MTU_4096, "port attrs (loopback: 4096)");
 	CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL, "query_port bad port");
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0 && gid.raw[10] == 0xff && gid.raw[12] == 127 && gid.raw[15] == 1, "gid 0");
