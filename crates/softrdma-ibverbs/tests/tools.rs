@@ -248,13 +248,24 @@ fn c_api_sixteen_thousand_qps() {
     eprintln!("{out}");
 }
 
-/// "Tear all the connections using it down" through verbs.h: a buffer unmapped under a peer's
-/// WRITE, a peer's READ and a posted receive ends the three QPs with one
-/// `IBV_EVENT_QP_ACCESS_ERR` each, the peer's WRITE and READ with `IBV_WC_REM_ACCESS_ERR`; a
-/// bystander keeps working (tests/c/invalidate.c).
+/// "Tear all the connections using it down" through verbs.h: a buffer unmapped, moved by
+/// `mremap` or discarded by `madvise(MADV_DONTNEED)` under a peer's WRITE, a peer's READ and a
+/// posted receive ends the three QPs with one `IBV_EVENT_QP_ACCESS_ERR` each, the peer's WRITE
+/// and READ with `IBV_WC_REM_ACCESS_ERR`, never a signal; a bystander keeps working
+/// (tests/c/invalidate.c, compiled once per change; one after the other: they share a build
+/// directory and the devices' addresses).
 #[test]
 fn c_api_unmapped_buffer_tears_down_its_qps_with_async_events() {
-    run_c("invalidate.c", "softrdma0=127.0.0.59,softrdma1=127.0.0.60");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/invalidate.c");
+    for change in ["-DCHANGE=0", "-DCHANGE=1", "-DCHANGE=2"] {
+        eprintln!("invalidate.c {change}");
+        common::run_c_program(
+            &src,
+            "softrdma0=127.0.0.59,softrdma1=127.0.0.60",
+            Some("on-demand"),
+            &[change],
+        );
+    }
 }
 
 /// The pinned mode (the default) through verbs.h, as a process without CAP_IPC_LOCK under a

@@ -1,9 +1,11 @@
 /* "Tear all the connections using it down" through verbs.h: a registered buffer is unmapped
+ * (CHANGE 0), moved by mremap (CHANGE 1) or discarded by madvise(MADV_DONTNEED) (CHANGE 2)
  * while a peer's 64 MiB RDMA WRITE streams into it, a peer's 256 MiB READ streams out of it
  * and a receive is posted into it. Every QP using it is in the error state with one
  * IBV_EVENT_QP_ACCESS_ERR on the async fd; the peer's WRITE and READ complete with
  * IBV_WC_REM_ACCESS_ERR, the receive with IBV_WC_WR_FLUSH_ERR; a bystander QP on the same
  * devices keeps working. Two devices in one process; every wait is bounded. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
@@ -17,6 +19,10 @@
 
 static int failures;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+#ifndef CHANGE
+#define CHANGE 0
+#endif
 
 #define WLEN (64u << 20)
 #define RLEN (256u << 20)
@@ -184,7 +190,14 @@ int main(void)
 	while (now() < end && !(((volatile unsigned char *)base)[8192] && ((volatile unsigned char *)rdst)[0]))
 		;
 	CHECK(base[8192] && rdst[0], "the WRITE and the READ did not start within 10 s");
-	CHECK(munmap(base, len) == 0, "munmap");
+	if (CHANGE == 0) {
+		CHECK(munmap(base, len) == 0, "munmap");
+	} else if (CHANGE == 1) {
+		void *to = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHECK(to != MAP_FAILED && mremap(base, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to) == to, "mremap");
+	} else {
+		CHECK(madvise(base, len, MADV_DONTNEED) == 0, "madvise");
+	}
 
 	/* One IBV_EVENT_QP_ACCESS_ERR per QP that used the buffer. */
 	struct ibv_qp *want[3] = { wv.qp, rv.qp, qv.qp };
@@ -215,6 +228,14 @@ int main(void)
 	      "peer READ: %s", ibv_wc_status_str(wc.status));
 	CHECK(poll1(qv.cq, &wc) == 1 && wc.wr_id == 30 && wc.status == IBV_WC_WR_FLUSH_ERR,
 	      "receive: %s", ibv_wc_status_str(wc.status));
+
+	/* Discarded pages read as zero: nothing was placed after madvise returned. */
+	if (CHANGE == 2) {
+		size_t placed = 0;
+		for (size_t i = 0; i < len; i++)
+			placed += base[i] != 0;
+		CHECK(placed == 0, "%zu bytes placed after MADV_DONTNEED returned", placed);
+	}
 
 	/* The bystander is untouched. */
 	CHECK(state(bv.qp) == IBV_QPS_RTS, "bystander state %d", state(bv.qp));

@@ -114,6 +114,35 @@ impl MemoryTable {
     }
 }
 
+impl MemoryTable {
+    /// [`MemoryAccess::lend`] without the violation report.
+    fn lend_inner(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<Lent>, AccessError> {
+        let g = read(self.slot(key)?);
+        match &*g {
+            Entry::Mr { key: k, mr } if *k == key => {
+                let st = read(&mr.state);
+                let p = st.resolve(key, ctx, iova, len, access)?;
+                // Only plainly copied memory can be checksummed in place.
+                if self.copy_mode(&st) != CopyMode::Plain {
+                    return Ok(None);
+                }
+                // Counted while the state is read-locked: a change of state that follows
+                // waits for this guard (see `lend.rs`).
+                Ok(Some(Lent::new(mr, p, len as usize)))
+            }
+            Entry::Mw(mw) if mw.key == key => Ok(None),
+            _ => Err(AccessError::InvalidKey(key)),
+        }
+    }
+}
+
 impl MemoryAccess for MemoryTable {
     fn check(
         &self,
@@ -164,22 +193,12 @@ impl MemoryAccess for MemoryTable {
         len: u64,
         access: Access,
     ) -> Result<Option<Lent>, AccessError> {
-        let g = read(self.slot(key)?);
-        match &*g {
-            Entry::Mr { key: k, mr } if *k == key => {
-                let st = read(&mr.state);
-                let p = st.resolve(key, ctx, iova, len, access)?;
-                // Only plainly copied memory can be checksummed in place.
-                if self.copy_mode(&st) != CopyMode::Plain {
-                    return Ok(None);
-                }
-                // Counted while the state is read-locked: a change of state that follows
-                // waits for this guard (see `lend.rs`).
-                Ok(Some(Lent::new(mr, p, len as usize)))
-            }
-            Entry::Mw(mw) if mw.key == key => Ok(None),
-            _ => Err(AccessError::InvalidKey(key)),
+        let r = self.lend_inner(ctx, key, iova, len, access);
+        // As in `with_target`: the QP met an invalidated key.
+        if let Err(AccessError::Invalidated(_) | AccessError::Fault(_)) = r {
+            self.coherence.shared.note_violation(ctx.qpn, key);
         }
+        r
     }
 
     fn atomic(
