@@ -6,19 +6,10 @@
  * IBV_WC_REM_ACCESS_ERR, the receive with IBV_WC_WR_FLUSH_ERR; a bystander QP on the same
  * devices keeps working. Two devices in one process; every wait is bounded. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <poll.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
-#include <time.h>
-#include <infiniband/verbs.h>
 #include <softrdma/sdv.h>
-
-static int failures;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "pair.h"
 
 #ifndef CHANGE
 #define CHANGE 0
@@ -37,24 +28,6 @@ struct end {
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
 };
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static int poll1(struct ibv_cq *cq, struct ibv_wc *wc)
-{
-	double end = now() + 10;
-	while (now() < end) {
-		int n = ibv_poll_cq(cq, 1, wc);
-		if (n != 0)
-			return n;
-	}
-	return 0;
-}
 
 static void open_dev(struct dev *d, struct ibv_device *dev)
 {

@@ -1,5 +1,6 @@
 /* Two connected RC QPs on two devices of one process, for the C tests of softrdma's own
- * calls (sdv.h), device memory and dma-buf regions. Every wait is bounded. */
+ * calls (sdv.h), device memory and dma-buf regions, and the CHECK macro, clock and bounded
+ * completion poll the other C tests share. Every wait is bounded. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +25,7 @@ struct side {
 	union ibv_gid gid;
 };
 
-static double now(void)
+static inline double now(void)
 {
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
@@ -32,7 +33,7 @@ static double now(void)
 }
 
 /* Poll one completion, for at most 10 s; 0 if none came. */
-static int poll1(struct ibv_cq *cq, struct ibv_wc *wc)
+static inline int poll1(struct ibv_cq *cq, struct ibv_wc *wc)
 {
 	double end = now() + 10;
 	while (now() < end) {
@@ -43,7 +44,7 @@ static int poll1(struct ibv_cq *cq, struct ibv_wc *wc)
 	return 0;
 }
 
-static int setup(struct side *s, struct ibv_device *dev, size_t len)
+static inline int setup(struct side *s, struct ibv_device *dev, size_t len)
 {
 	memset(s, 0, sizeof(*s));
 	s->ctx = ibv_open_device(dev);
@@ -60,7 +61,7 @@ static int setup(struct side *s, struct ibv_device *dev, size_t len)
 	return 0;
 }
 
-static int connect_qp(struct side *s, struct side *peer)
+static inline int connect_qp(struct side *s, struct side *peer)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
 				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC };
@@ -95,7 +96,7 @@ static int connect_qp(struct side *s, struct side *peer)
 
 /* Post one signaled RDMA READ or WRITE of `len` bytes between `local` (lkey) and
  * `remote` (rkey) on s's QP and wait for its completion: the status, or -1. */
-static int rdma(struct side *s, enum ibv_wr_opcode op, void *local, uint32_t lkey, uint32_t len,
+static inline int rdma(struct side *s, enum ibv_wr_opcode op, void *local, uint32_t lkey, uint32_t len,
 		uint64_t remote, uint32_t rkey)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
@@ -111,7 +112,7 @@ static int rdma(struct side *s, enum ibv_wr_opcode op, void *local, uint32_t lke
 	return wc.status;
 }
 
-static void teardown(struct side *s)
+static inline void teardown(struct side *s)
 {
 	CHECK(ibv_destroy_qp(s->qp) == 0, "destroy_qp");
 	CHECK(ibv_destroy_cq(s->cq) == 0, "destroy_cq");
