@@ -1,0 +1,304 @@
+//! The engine thread and the polling heuristics: its loop (waiting for the socket, its waker
+//! and kick, and the earliest timer), the timer scan, and the hand-over of the receive path
+//! between busy pollers and the thread.
+
+use super::*;
+
+impl Engine {
+    /// A poller is active at `now`: the engine thread stays off the receive path, and asleep
+    /// (its wake-up is pushed back every WAKER_PUSH, so that it fires only after pollers have
+    /// been quiet for a few milliseconds).
+    pub(super) fn poller_active(&self, now: u64) {
+        self.last_poll.store(now, Ordering::Relaxed);
+        if self.mode == PollMode::BusyPoll
+            && now.saturating_sub(self.waker_armed.load(Ordering::Relaxed)) >= WAKER_PUSH
+        {
+            self.waker_armed.store(now, Ordering::Relaxed);
+            self.wake_in(WAKER_DELAY);
+        }
+    }
+
+    /// An application thread is about to sleep until a completion event (it armed a CQ):
+    /// in busy-poll mode nobody would receive meanwhile until the engine thread's wake-up
+    /// fires (milliseconds), so pollers count as quiet from now and the thread is woken to
+    /// take the receive path at once. A poll after this (of a CQ that is not armed) makes the
+    /// poller active again.
+    pub fn poller_sleeping(&self) {
+        if self.mode != PollMode::BusyPoll {
+            return;
+        }
+        self.last_poll.store(0, Ordering::Relaxed);
+        // The next active poll pushes the wake-up back at once.
+        self.waker_armed.store(0, Ordering::Relaxed);
+        self.kick_thread();
+    }
+
+    /// (Re)arm the engine thread's wake-up to fire `ns` from now.
+    pub(super) fn wake_in(&self, ns: u64) {
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000).max(1) as libc::c_long,
+            },
+        };
+        // SAFETY: `spec` is a valid itimerspec and the old value is not asked for.
+        let _ = unsafe {
+            libc::timerfd_settime(self.waker.as_raw_fd(), 0, &spec, std::ptr::null_mut())
+        };
+    }
+
+    /// Wake the engine thread at once (its eventfd).
+    pub(super) fn kick_thread(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd; a full counter (never
+        // reached: the engine thread drains it) would only make this write fail.
+        let _ = unsafe { libc::write(self.kick.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Fire due timers of every QP; returns the earliest deadline still pending.
+    pub fn run_timers(&self) -> Option<u64> {
+        let mut next: Option<u64> = None;
+        // QP bodies are locked under the table's read lock; no path takes the table's write
+        // lock while holding a body, so this cannot deadlock.
+        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+        let now = self.now();
+        self.counters.timer_scans.fetch_add(1, Ordering::Relaxed);
+        // Deadlines armed from now on lower this again (after publishing their QP's, which
+        // this scan then sees, or lowering it after this store): none is lost.
+        self.next_timer.store(u64::MAX, Ordering::SeqCst);
+        for cell in qps.values() {
+            // Most QPs are not due: their published deadline says so without their lock.
+            let d = cell.deadline();
+            if d > now {
+                if d != u64::MAX {
+                    next = Some(next.map_or(d, |n: u64| n.min(d)));
+                }
+                continue;
+            }
+            // A due QP whose lock is held is being worked on (a post or a packet): its timers
+            // are looked at again shortly rather than making this thread wait for it.
+            let Some(mut body) = cell.try_lock() else {
+                next = Some(next.map_or(now + 1_000_000, |n: u64| n.min(now + 1_000_000)));
+                continue;
+            };
+            if let Some(t) = body.qp.poll_timeout()
+                && t <= now
+            {
+                body.qp.handle_timeout(now);
+                self.drive(cell, &mut body, now);
+            }
+            if let Some(t) = body.qp.poll_timeout() {
+                next = Some(next.map_or(t, |n: u64| n.min(t)));
+            }
+        }
+        // A scan costs every QP of the device: the next one waits at least as long as this
+        // one took per QP (TIMER_SLACK_PER_QP each), so that thousands of QPs whose timers
+        // fall due one after another (a burst posted at once) do not make every wake-up a
+        // scan. A timer fires at most that much late (0.8 ms with 16,000 QPs).
+        let slack = now + qps.len() as u64 * TIMER_SLACK_PER_QP;
+        let next = next.map(|t| t.max(slack));
+        // A scan by a poller may find a deadline earlier than the one the engine thread
+        // sleeps for: that wakes it (the thread's own scans find the watch cleared).
+        self.timers_changed(Some(next.unwrap_or(now + TIMER_SCAN)));
+        next
+    }
+
+    /// Take what is queued on the socket before a timer scan (bounded): a thread that was
+    /// off the CPU wakes up late both to its timers and to the acknowledgements that would
+    /// have stopped them, and a scan first would retransmit what the peer has already
+    /// acknowledged (with thousands of QPs, a storm of them). Returns the packets handled.
+    pub(super) fn drain_before_timers(&self, rx: &mut RxState) -> usize {
+        /// Receive calls at most (each takes up to 8 batches of `RX_BATCH` datagrams).
+        const ROUNDS: usize = 32;
+        let mut done = 0;
+        for _ in 0..ROUNDS {
+            match self.receive(rx, false) {
+                0 => break,
+                n => done += n,
+            }
+        }
+        done
+    }
+
+    /// True when no application thread has polled for `POLLER_ACTIVE`.
+    pub(super) fn pollers_quiet(&self) -> bool {
+        self.now()
+            .saturating_sub(self.last_poll.load(Ordering::Relaxed))
+            > POLLER_ACTIVE
+    }
+
+    /// The receive path for the engine thread, when it is the thread's turn: always in
+    /// blocking mode (an application thread that calls `progress` meanwhile is waited for,
+    /// not spun against), in busy-poll mode only once pollers have gone quiet and if free.
+    pub(super) fn thread_rx(&self, pollers_quiet: bool) -> Option<MutexGuard<'_, RxState>> {
+        match self.mode {
+            PollMode::Blocking => Some(self.rx.lock().unwrap_or_else(|e| e.into_inner())),
+            PollMode::BusyPoll if pollers_quiet => self.rx.try_lock().ok(),
+            PollMode::BusyPoll => None,
+        }
+    }
+
+    /// Note that a QP's timers changed (a post or a packet may arm one): the next progress
+    /// call looks at them.
+    pub fn timers_changed(&self, deadline: Option<u64>) {
+        let Some(t) = deadline else { return };
+        if t >= self.next_timer.load(Ordering::Relaxed) {
+            return;
+        }
+        let was = self.next_timer.fetch_min(t, Ordering::SeqCst);
+        // The engine thread sleeps past it: wake it (once: a later, earlier deadline finds
+        // the watch cleared or lowered by then).
+        if t < was && t < self.timer_watch.load(Ordering::SeqCst) {
+            self.timer_watch.store(0, Ordering::SeqCst);
+            self.kick_thread();
+        }
+    }
+
+    /// Publish a QP's next deadline (for the timer scan) and lower the device's.
+    pub(super) fn publish_deadline(&self, cell: &QpCell, body: &QpBody) {
+        let t = body.qp.poll_timeout();
+        cell.deadline.store(t.unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.timers_changed(t);
+    }
+
+    /// Ask the engine thread to stop.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake_in(1);
+    }
+
+    /// The engine thread's loop: until stopped, wait for packets (blocking mode) or for the
+    /// next timer, then make progress.
+    pub fn run(&self) {
+        const IDLE: u64 = 50_000_000; // wake at least every 50 ms (a safety net: `stop` wakes it)
+        // Busy-poll mode: the socket woke this thread but a poller had the packets (it was
+        // active again, or still inside a long receive); the next wait does not watch the
+        // socket, so that a steady stream of packets cannot keep waking the thread to spin
+        // against the pollers for the cores.
+        let mut woken_for_nothing = false;
+        // Pollers had gone quiet but the receive path was taken: nobody may push the waker
+        // again, so the next wait is short.
+        let mut retry = false;
+        while !self.stop.load(Ordering::Acquire) {
+            self.tear_down_users();
+            // The scan of every QP's timers runs only once the earliest deadline is due (drives
+            // lower `next_timer` whenever they arm one): a wake-up for a packet costs nothing
+            // per QP of the device.
+            let due = self.next_timer.load(Ordering::Relaxed);
+            let next = if self.now() >= due {
+                if let Some(mut rx) = self.thread_rx(self.pollers_quiet()) {
+                    self.drain_before_timers(&mut rx);
+                }
+                self.run_timers()
+            } else {
+                Some(due)
+            };
+            let now = self.now();
+            let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
+            // Answers left over from budgeted drives: look at the socket, do not sleep.
+            let wait = if self.has_pending_transmit() { 0 } else { wait };
+            // In busy-poll mode pollers receive; the thread steps in only when nobody has
+            // polled for a while, and otherwise sleeps instead of competing for packets.
+            let watch_socket = match self.mode {
+                PollMode::Blocking => true,
+                PollMode::BusyPoll => {
+                    !woken_for_nothing
+                        && now.saturating_sub(self.last_poll.load(Ordering::Relaxed))
+                            > POLLER_ACTIVE
+                }
+            };
+            // While pollers are active they fire timers themselves, and keep pushing the
+            // waker back: the thread sleeps until they have gone quiet (or `stop`).
+            let wait = match (watch_socket, retry) {
+                (true, _) => wait,
+                (false, true) => ENGINE_RETRY,
+                (false, false) => IDLE,
+            };
+            // While this thread keeps the timers (it watches the socket), a timer armed
+            // before it would wake kicks it; one armed between reading the deadline above and
+            // this is seen here.
+            let wait = if watch_socket {
+                let now = self.now();
+                self.timer_watch.store(now + wait, Ordering::SeqCst);
+                let due = self.next_timer.load(Ordering::SeqCst);
+                wait.min(due.saturating_sub(now))
+            } else {
+                wait
+            };
+            let ts = libc::timespec {
+                tv_sec: (wait / 1_000_000_000) as i64,
+                tv_nsec: (wait % 1_000_000_000) as i64,
+            };
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.waker.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.kick.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.port.raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let nfds = if watch_socket { 3 } else { 2 };
+            // SAFETY: `fds` holds `nfds` valid pollfds and `ts` is a valid timeout.
+            let n = unsafe { libc::ppoll(fds.as_mut_ptr(), nfds, &ts, std::ptr::null()) };
+            self.timer_watch.store(0, Ordering::SeqCst);
+            let ready = n > 0 && fds[2].revents != 0;
+            for fd in &fds[..2] {
+                if n > 0 && fd.revents != 0 {
+                    let mut ticks = [0u8; 8];
+                    // SAFETY: reads at most 8 bytes into a live buffer from our timerfd or
+                    // eventfd (both non-blocking: nothing to read is an error we ignore).
+                    let _ = unsafe { libc::read(fd.fd, ticks.as_mut_ptr().cast(), 8) };
+                }
+            }
+            self.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
+            // Receive only when it is this thread's turn: always in blocking mode, and in
+            // busy-poll mode once pollers have gone quiet (competing with an active poller
+            // only adds lock hand-offs and reorders nothing for the better).
+            let pollers_quiet = self.pollers_quiet();
+            // While pollers are active they hold the receive path (and send held ACKs when
+            // due); this thread keeps off the receive lock, so that being preempted while
+            // holding it can never stall them.
+            woken_for_nothing = false;
+            retry = false;
+            match self.thread_rx(pollers_quiet) {
+                Some(mut rx) => {
+                    // Progress without marking a poller active.
+                    self.counters
+                        .thread_receives
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.receive(&mut rx, false);
+                    drop(rx);
+                    // One round of left-over answers between two receives.
+                    self.serve_pending_transmit();
+                }
+                // A poller holds the receive path (a poller inside a long receive has not
+                // marked itself active for a while), or was active again by the time this
+                // thread ran.
+                None => {
+                    woken_for_nothing = ready || pollers_quiet;
+                    retry = pollers_quiet;
+                }
+            }
+        }
+    }
+}
+
+/// Start the engine thread.
+pub fn spawn(engine: Arc<Engine>) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("softrdma-engine".into())
+        .spawn(move || engine.run())
+}

@@ -1,0 +1,287 @@
+//! The send side of the engine: driving a QP's transport into its transmit batch (requests,
+//! answers a budget at a time, held acknowledgements), the pending-transmit queue, moving
+//! completions to the CQs, and the ICRC fix-ups of GSO segments.
+
+use super::*;
+
+impl Engine {
+    /// Transmit whatever `cell`'s transport has ready (answers up to [`RESPONSE_BUDGET`], the
+    /// rest later from the pending-transmit queue) and move its completions to the CQs.
+    /// Called with the QP locked, after every post, packet and timeout.
+    pub fn drive(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64) {
+        self.drive_inner(cell, body, now, false);
+    }
+
+    /// [`Engine::drive`]; with `defer_acks`, plain acknowledgements are held back (the
+    /// newest replacing older ones) to go out after ACK_DELAY, which keeps an
+    /// acknowledgement's system call off a busy poller's critical path. Returns when the
+    /// held acknowledgement, if any, is due.
+    pub(super) fn drive_inner(
+        &self,
+        cell: &Arc<QpCell>,
+        body: &mut QpBody,
+        now: u64,
+        defer_acks: bool,
+    ) -> Option<u64> {
+        if let Some(dst) = body.peer {
+            // A held acknowledgement stays held through this drive's requests, and so does a
+            // new one in busy-poll mode.
+            let hold = defer_acks || body.held_ack.since.is_some();
+            let sent = self.build(body, dst, now, hold);
+            // Requests and answers go first. Outside packet handling (a post, a timer), a
+            // held ACK goes out behind them, as a datagram of its own in the same system
+            // call: the peer may be waiting for it (a signaled send completes only with it),
+            // and the request it follows is already on its way. Never from packet handling:
+            // the next progress call sends a due one, after the application has seen what
+            // arrived.
+            if !defer_acks && body.held_ack.since.is_some() && (sent > 0 || body.held_ack.due(now))
+            {
+                body.tx.end_datagram();
+                self.build(body, dst, now, false);
+            }
+            self.flush(&mut body.tx);
+            body.held_ack.note(body.qp.holds_ack(), now);
+            self.queue_if_left(cell, body);
+        }
+        self.drain_completions(cell, body);
+        self.publish_deadline(cell, body);
+        body.held_ack.due_at()
+    }
+
+    /// Build everything the QP has ready for `dst` into its batch (sending full batches),
+    /// leaving a lone positive acknowledgement queued with `hold_ack`; the caller flushes.
+    /// Returns the packets built.
+    pub(super) fn build(
+        &self,
+        body: &mut QpBody,
+        dst: SocketAddr,
+        now: u64,
+        hold_ack: bool,
+    ) -> usize {
+        let QpBody {
+            qp,
+            tx,
+            gather,
+            deltas,
+            ..
+        } = body;
+        let mut built_n = 0;
+        let mut answers = 0;
+        let mut zero_copy = 0;
+        let max = qp.max_packet_len();
+        let v4 = dst.is_ipv4();
+        let mem: &MemoryTable = &self.mem;
+        // Payloads lent in an earlier run are lent again (the region may have changed since).
+        gather.forget_anchor();
+        loop {
+            // A transmit poll that cannot produce anything costs as much as one that does
+            // (it runs cold, after the kernel's receive path, on a latency's critical path).
+            // Answers first, up to the budget; requests are bounded by the send window.
+            let answer = answers < RESPONSE_BUDGET && qp.has_response_work();
+            if !answer && !qp.has_request_work() {
+                break;
+            }
+            let answer = answer && !(hold_ack && qp.holds_ack());
+            if !tx.has_room(max) {
+                self.flush(tx);
+            }
+            // Request and READ response payloads from memory the engine keeps alive are
+            // lent, not copied: the kernel copies them from the region during the send.
+            let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
+                if answers < RESPONSE_BUDGET {
+                    qp.poll_transmit_gather(now, mem, buf, g, hold_ack)
+                } else {
+                    qp.poll_request_gather(now, mem, buf, g)
+                }
+                .unwrap_or(0)
+            });
+            match built {
+                Some((0, _, _)) => break,
+                Some((wire, n, k)) => {
+                    built_n += 1;
+                    answers += usize::from(answer);
+                    zero_copy += usize::from(wire > n);
+                    if k > 0 && v4 {
+                        fix_icrc_for_id(deltas, tx.last_packet_mut(n), wire, k);
+                    }
+                }
+                None => {
+                    if tx.is_empty() {
+                        break; // cannot happen: an empty batch has room for a packet
+                    }
+                    self.flush(tx);
+                }
+            }
+        }
+        if zero_copy > 0 {
+            self.counters
+                .tx_zero_copy
+                .fetch_add(zero_copy as u64, Ordering::Relaxed);
+        }
+        built_n
+    }
+
+    /// Answers left over (a drive spent its budget): the engine serves them later.
+    pub(super) fn queue_if_left(&self, cell: &Arc<QpCell>, body: &mut QpBody) {
+        if body.qp.has_response_work() && !body.qp.holds_ack() && !body.tx_queued {
+            body.tx_queued = true;
+            self.queue_transmit(cell);
+        }
+    }
+
+    /// Put a QP with answers left over into the pending-transmit queue, and wake the engine
+    /// thread if it may be asleep (the queue was empty).
+    pub(super) fn queue_transmit(&self, cell: &Arc<QpCell>) {
+        let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(Arc::clone(cell));
+        let was_empty = self.tx_pending_len.fetch_add(1, Ordering::Release) == 0;
+        drop(q);
+        if was_empty {
+            self.kick_thread();
+        }
+    }
+
+    /// True when QPs wait in the pending-transmit queue.
+    pub fn has_pending_transmit(&self) -> bool {
+        self.tx_pending_len.load(Ordering::Acquire) > 0
+    }
+
+    /// Serve the pending-transmit queue once round: each QP queued now sends up to
+    /// [`RESPONSE_BUDGET`] answers and goes to the back of the queue if it has more. A QP
+    /// whose lock is taken (being driven elsewhere) waits for the next round. Returns the QPs
+    /// served.
+    pub fn serve_pending_transmit(&self) -> usize {
+        let n = self.tx_pending_len.load(Ordering::Acquire);
+        let mut served = 0;
+        for _ in 0..n {
+            let cell = {
+                let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(c) = q.pop_front() else { break };
+                self.tx_pending_len.fetch_sub(1, Ordering::Release);
+                c
+            };
+            let mut body = match cell.try_lock() {
+                Some(b) => b,
+                None => {
+                    let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
+                    q.push_back(Arc::clone(&cell));
+                    self.tx_pending_len.fetch_add(1, Ordering::Release);
+                    continue;
+                }
+            };
+            body.tx_queued = false;
+            let now = self.now();
+            self.drive(&cell, &mut body, now);
+            served += 1;
+        }
+        served
+    }
+
+    /// Send the QP's held acknowledgement (and whatever else it has ready) now.
+    pub(super) fn release_ack(&self, body: &mut QpBody, now: u64) {
+        if let Some(dst) = body.peer {
+            self.build(body, dst, now, false);
+            self.flush(&mut body.tx);
+        }
+        body.held_ack.note(body.qp.holds_ack(), now);
+        // Requests built with it arm the retransmission timer (the QP's own deadline is
+        // published when it is unlocked).
+        self.timers_changed(body.qp.poll_timeout());
+    }
+
+    /// Move a QP's completions to its CQs without transmitting (after a post that cannot
+    /// produce packets, such as a receive: acknowledgements waiting in the batch then still
+    /// leave with the QP's next request).
+    pub fn drain_completions(&self, cell: &QpCell, body: &mut QpBody) {
+        // Work that invalidated a key completes only once every byte lent from its region has
+        // been handed to the socket (this QP's batch is flushed before completions are
+        // drained; another QP's, by the drive that built it, which needs no lock held here).
+        while let Some(key) = body.qp.pop_invalidated() {
+            self.mem.wait_unlent(key);
+        }
+        while let Some(wc) = body.qp.poll_send_completion() {
+            cell.send_cq.push(wc);
+        }
+        while let Some(wc) = body.qp.poll_recv_completion() {
+            cell.recv_cq.push(wc);
+        }
+    }
+
+    /// Send the QP's held acknowledgement, and the one of requests executed without AckReq,
+    /// now (before the QP goes away: its peer is waiting for them).
+    pub fn flush_held(&self, body: &mut QpBody) {
+        body.qp.ack_now();
+        self.release_ack(body, self.now());
+    }
+
+    /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
+    /// one stay on the list.
+    pub(super) fn flush_pending(&self, rx: &mut RxState, all: bool) {
+        if !rx.work.pending.is_empty() {
+            self.flush_pending_at(rx, all, self.now());
+        }
+    }
+
+    pub(super) fn flush_pending_at(&self, rx: &mut RxState, all: bool, now: u64) {
+        let w = &mut rx.work;
+        if w.pending.is_empty() || (!all && now < w.pending_due) {
+            return;
+        }
+        let mut next = u64::MAX;
+        w.pending.retain(|cell| {
+            let mut body = cell.lock();
+            if all || body.held_ack.due(now) {
+                self.release_ack(&mut body, now);
+                self.publish_deadline(cell, &body);
+                self.queue_if_left(cell, &mut body);
+            }
+            next = next.min(body.held_ack.due_at().unwrap_or(u64::MAX));
+            body.held_ack.since.is_some()
+        });
+        w.pending_due = next;
+    }
+
+    pub(super) fn flush(&self, tx: &mut TxBatch) {
+        if tx.is_empty() {
+            return;
+        }
+        let (d, p) = (tx.len() as u64, tx.packets() as u64);
+        match self.port.send(tx) {
+            Ok(_) => {
+                self.counters.tx_datagrams.fetch_add(d, Ordering::Relaxed);
+                self.counters.tx_packets.fetch_add(p, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Lost packets are recovered by the transport's retransmission.
+                self.counters.tx_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("send failed: {e}");
+            }
+        }
+    }
+}
+
+pub(super) fn delta_for(deltas: &mut Vec<IdDelta>, body_len: usize) -> &IdDelta {
+    if let Some(i) = deltas.iter().position(|d| d.body_len() == body_len) {
+        return &deltas[i];
+    }
+    if deltas.len() >= 8 {
+        deltas.remove(0);
+    }
+    deltas.push(IdDelta::new(body_len));
+    deltas.last().expect("just pushed")
+}
+
+/// Give a packet of `wire` bytes (a whole UDP payload) the ICRC for IPv4 identification
+/// `id`; `pkt` holds its last bytes, the ICRC among them (the packet's bytes in the transmit
+/// arena: all of them, or the tail behind a lent payload).
+pub(super) fn fix_icrc_for_id(deltas: &mut Vec<IdDelta>, pkt: &mut [u8], wire: usize, id: u16) {
+    let n = pkt.len();
+    if n < ICRC_LEN || wire < n {
+        return;
+    }
+    let d = delta_for(deltas, wire - ICRC_LEN).delta(id);
+    let mut c = [0u8; 4];
+    c.copy_from_slice(&pkt[n - ICRC_LEN..]);
+    let icrc = u32::from_le_bytes(c) ^ d;
+    pkt[n - ICRC_LEN..].copy_from_slice(&icrc.to_le_bytes());
+}
