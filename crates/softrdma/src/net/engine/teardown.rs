@@ -87,9 +87,11 @@ impl Engine {
                         .unwrap_or_else(PoisonError::into_inner)
                         .get(&qpn)
                         .cloned();
-                    if let Some(cell) = cell
-                        && cell.lock().qp.state() == QpState::Err
-                    {
+                    let Some(cell) = cell else { continue };
+                    // The QP's lock is released before the report (whose hook may take locks
+                    // of its own).
+                    let ended = cell.lock().qp.state() == QpState::Err;
+                    if ended {
                         self.report_violation(&cell, key);
                     }
                 }
