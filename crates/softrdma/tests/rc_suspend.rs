@@ -208,9 +208,12 @@ fn a_send_suspended_mid_message_waits_and_completes_after_resume() {
     r.healthy();
 }
 
-/// A READ response stream from a region suspended after the request: the stream stops (no
-/// error, nothing from the suspended region); the requester's repeat of the READ after resume
-/// is served with the region's bytes.
+/// A READ response stream from a region suspended after the request: the stream stops with an
+/// RNR NAK at its next PSN (no error, nothing from the suspended region), a repeat of the READ
+/// while the region is still suspended draws an RNR NAK too (the requester waits as
+/// `rnr_retry` allows instead of spending its timeouts: it used to be dropped silently, and a
+/// suspension longer than seven timeouts failed the READ with RETRY_EXC_ERR), and the repeat
+/// after resume is served with the region's bytes.
 #[test]
 fn a_read_from_a_suspended_region_is_served_after_resume() {
     let mut r = responder();
@@ -231,11 +234,15 @@ fn a_read_from_a_suspended_region_is_served_after_resume() {
     r.mem.suspend_mr(r.region.lkey).unwrap();
     let out = r.drain();
     assert!(
-        out.iter()
-            .all(|o| o.0 != OpKind::ReadResponse && o.2.is_none()),
-        "nothing is read from a suspended region, and nothing fails: {out:?}"
+        is_rnr_at(&out, EPSN),
+        "nothing is read from a suspended region, nothing fails, the requester waits: {out:?}"
     );
     r.healthy();
+    for _ in 0..3 {
+        let out = r.inject(h, &[]);
+        assert!(is_rnr_at(&out, EPSN), "a repeat while suspended: {out:?}");
+        r.healthy();
+    }
     r.mem.resume_mr(r.region.lkey, None).unwrap();
     // The requester times out and asks again (a duplicate of the READ at its PSN).
     let out = r.inject(h, &[]);

@@ -5,8 +5,9 @@
  * SEND, an RDMA READ, then an atomic. In the middle of each, the owner suspends the region
  * (softrdma_mr_suspend returns once the placements in flight are done), copies it to a newly
  * mmapped buffer, resumes it there (softrdma_mr_resume: same IOVA, same keys) and unmaps the
- * old buffer. The peer notices nothing but RNR NAKs (and, for the READ, a response stream
- * that pauses): every completion is IBV_WC_SUCCESS and every byte ends up in the new memory.
+ * old buffer. The peer notices nothing but RNR NAKs (for the READ, its response stream pauses
+ * with one and the peer asks again from there): every completion is IBV_WC_SUCCESS and every
+ * byte ends up in the new memory.
  *
  * Build and run (from the repository root, after `bash scripts/build-ibverbs`):
  *   cc -std=gnu11 -Itarget/softrdma-lib/include crates/softrdma-ibverbs/examples/c/migrate.c \
@@ -122,7 +123,7 @@ static int connect_qp(struct side *s, struct side *peer)
 		return 2;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14; /* 67 ms: a READ whose response stream paused is asked again */
+	a.timeout = 14; /* 67 ms (a suspension makes RNR NAKs, not timeouts) */
 	a.retry_cnt = 7;
 	a.rnr_retry = 7; /* retry RNR NAKs for ever: the owner decides how long it takes */
 	a.sq_psn = 1;

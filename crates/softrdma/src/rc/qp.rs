@@ -579,6 +579,12 @@ impl Qp {
                     self.counters.packets_sent += 1;
                     return Some(n);
                 }
+                Ok(None) if self.recv.stream_rnr_naks > 0 => {
+                    // A READ stream met a suspended region: its RNR NAK goes next.
+                    self.counters.resp.rnr_naks_sent +=
+                        std::mem::take(&mut self.recv.stream_rnr_naks);
+                    return self.transmit(now, mem, buf, gather, hold_ack, responses);
+                }
                 Ok(None) => {}
                 Err(Fatal) => {
                     self.enter_error();

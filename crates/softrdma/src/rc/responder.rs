@@ -155,6 +155,9 @@ pub struct RecvSide {
     /// suspended (or changing), until a repeat of the READ is answered in full: the QP still
     /// uses that region.
     pub(super) stopped_stream: Option<(Psn, u32)>,
+    /// RNR NAKs queued for READ streams that met a suspended region, not yet counted in
+    /// `RespCounters::rnr_naks_sent` (the QP adds them).
+    pub(super) stream_rnr_naks: u64,
 }
 
 pub(super) fn map_err(e: AccessError) -> Option<NakCode> {
@@ -194,6 +197,7 @@ impl RecvSide {
             violation: None,
             invalidated: Vec::with_capacity(4),
             stopped_stream: None,
+            stream_rnr_naks: 0,
         }
     }
 

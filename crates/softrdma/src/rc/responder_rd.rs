@@ -6,8 +6,8 @@
 use super::read_history::ReadRecord;
 use super::requester::packets_for;
 use super::responder::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response};
-use crate::mem::{Access, AccessCtx, AtomicOp, MemoryAccess};
-use crate::wire::{NakCode, OpKind, Packet};
+use crate::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+use crate::wire::{NakCode, OpKind, Packet, Syndrome};
 
 impl RecvSide {
     /// Room for one more READ/atomic request (the negotiated depth, and the answer queue).
@@ -153,16 +153,21 @@ impl RecvSide {
                     return;
                 }
                 if reth.dma_len > 0
-                    && mem
-                        .check(
-                            actx,
-                            reth.rkey,
-                            reth.va,
-                            u64::from(reth.dma_len),
-                            Access::REMOTE_READ,
-                        )
-                        .is_err()
+                    && let Err(e) = mem.check(
+                        actx,
+                        reth.rkey,
+                        reth.va,
+                        u64::from(reth.dma_len),
+                        Access::REMOTE_READ,
+                    )
                 {
+                    // A suspended region: the requester waits (RNR) instead of timing out
+                    // until its retries run out; any other refusal drops the repeat.
+                    if matches!(e, AccessError::Suspended(_)) {
+                        c.rnr_naks_sent += 1;
+                        let timer = self.min_rnr_timer;
+                        self.push_ack(psn, Syndrome::RnrNak { timer });
+                    }
                     return;
                 }
                 let msn = self.msn;

@@ -138,13 +138,22 @@ impl RecvSide {
                         Ok(Some(n))
                     }
                     (Err(_), Some(AccessError::Suspended(_))) => {
-                        // Stop the stream; the requester times out and asks again. Until a
-                        // repeat of it is answered in full, the QP still uses the region.
+                        // The region is suspended: the stream stops and the requester is told
+                        // to wait (an RNR NAK at the stream's next PSN, which it sent), then
+                        // asks again from there; the repeat is served once the region is
+                        // resumed. Until then the QP still uses the region.
                         if self.stopped_stream.is_none() {
                             self.stopped_stream = Some((psn, rkey));
                         }
                         self.resp.pop_front();
                         self.answered(dup);
+                        self.stream_rnr_naks += 1;
+                        let (timer, msn) = (self.min_rnr_timer, self.msn);
+                        self.resp.push_front(Response::Ack {
+                            psn,
+                            syndrome: Syndrome::RnrNak { timer },
+                            msn,
+                        });
                         Ok(None)
                     }
                     (Err(_), Some(e)) => {
