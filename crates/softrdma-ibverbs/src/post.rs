@@ -13,7 +13,7 @@ use core::ffi::c_int;
 
 use softrdma::mem::Access;
 use softrdma::rc::MAX_SGE;
-use softrdma::verbs::{RecvWr, SendFlags, SendWr, Sge, WrOpcode};
+use softrdma::verbs::{PostBatch, RecvWr, SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;
 use crate::errno::{PANIC_ERRNO, guard};
@@ -131,7 +131,12 @@ fn opcode(w: &ibv_send_wr) -> Result<WrOpcode, c_int> {
     })
 }
 
-fn post_one(q: &Qp, w: &ibv_send_wr, inline: &mut Vec<u8>) -> Result<(), c_int> {
+fn post_one(
+    q: &Qp,
+    batch: &mut PostBatch<'_>,
+    w: &ibv_send_wr,
+    inline: &mut Vec<u8>,
+) -> Result<(), c_int> {
     let mut arr = [Sge::default(); MAX_SGE];
     let sg = sges(w.sg_list, w.num_sge, &mut arr)?;
     let opcode = opcode(w)?;
@@ -148,7 +153,7 @@ fn post_one(q: &Qp, w: &ibv_send_wr, inline: &mut Vec<u8>) -> Result<(), c_int> 
         wr.sg_list = &[];
         wr.inline_data = Some(inline);
     }
-    q.vqp.post_send(&wr).map_err(|e| e.errno())?;
+    batch.post(&wr).map_err(|e| e.errno())?;
     if let WrOpcode::BindMw { new_rkey, .. } = opcode {
         // SAFETY: for IBV_WR_BIND_MW `ext.bind_mw` is the meaningful variant (plain data).
         let bind = unsafe { w.ext.bind_mw };
@@ -191,11 +196,14 @@ pub(crate) unsafe extern "C" fn post_send(
                 return libc::EINVAL;
             };
             let mut inline = Vec::new();
+            // The whole list is posted under one lock of the QP and transmitted together
+            // when `batch` goes (also after a refused request: the earlier ones stay posted).
+            let mut batch = q.vqp.post_batch();
             let mut cur = wr;
             while !cur.is_null() {
                 // SAFETY: the C contract: a NULL-terminated list of readable requests.
                 let w = unsafe { &*cur };
-                if let Err(e) = post_one(q, w, &mut inline) {
+                if let Err(e) = post_one(q, &mut batch, w, &mut inline) {
                     store_bad(bad_wr, cur);
                     return e;
                 }

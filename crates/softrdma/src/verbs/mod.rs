@@ -31,7 +31,7 @@ pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
 pub use error::VerbsError;
 pub use mr::{Mr, MrRereg, Mw, Pd};
-pub use qp::{Qp, QpInitAttr, random_psn};
+pub use qp::{PostBatch, Qp, QpInitAttr, random_psn};
 pub use srq::Srq;
 
 pub use crate::mem::{

@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::{Cq, Pd, Srq, VerbsError};
-use crate::net::QpCell;
+use crate::net::{QpCell, QpGuard};
 use crate::rc::{self, QpAttr, QpAttrMask, QpCap, QpState, RecvWr, SendWr};
 use crate::wire::IcrcContext;
 
@@ -210,6 +210,18 @@ impl Qp {
         res
     }
 
+    /// Post several send work requests under one lock of the QP, transmitted together when
+    /// the batch is dropped (`ibv_post_send` with a list: one drive of the transport, and the
+    /// packets of all of them in as few system calls as the send window allows). A request
+    /// refused by [`PostBatch::post`] leaves the earlier ones posted.
+    pub fn post_batch(&self) -> PostBatch<'_> {
+        PostBatch {
+            qp: self,
+            body: self.cell.lock(),
+            posted: false,
+        }
+    }
+
     /// Post a receive work request (`ibv_post_recv`).
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
         if self._srq.is_some() {
@@ -245,5 +257,32 @@ impl Drop for Qp {
         let _ = body.qp.modify(&attr, QpAttrMask::STATE);
         let now = engine.now();
         engine.drive(&self.cell, &mut body, now);
+    }
+}
+
+/// Send work requests being posted together ([`Qp::post_batch`]); dropping it transmits them.
+#[derive(Debug)]
+pub struct PostBatch<'a> {
+    qp: &'a Qp,
+    body: QpGuard<'a>,
+    posted: bool,
+}
+
+impl PostBatch<'_> {
+    /// Post one send work request (`ibv_post_send` for one element of the list).
+    pub fn post(&mut self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
+        self.body.qp.post_send(wr)?;
+        self.posted = true;
+        Ok(())
+    }
+}
+
+impl Drop for PostBatch<'_> {
+    fn drop(&mut self) {
+        if self.posted {
+            let engine = self.qp.pd.device().engine();
+            let now = engine.now();
+            engine.drive(&self.qp.cell, &mut self.body, now);
+        }
     }
 }
