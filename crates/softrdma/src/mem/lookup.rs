@@ -40,7 +40,22 @@ impl MemoryTable {
         need: Access,
         f: impl FnOnce(*mut u8, CopyMode) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
-        let r = self.with_target_inner(ctx, key, iova, len, need, f);
+        self.noting_violation(
+            ctx,
+            key,
+            self.with_target_inner(ctx, key, iova, len, need, f),
+        )
+    }
+
+    /// `r`, an access by QP `ctx.qpn` through `key`, after reporting it to the device when it
+    /// met an invalidated key or vanished memory.
+    #[inline]
+    fn noting_violation<R>(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        r: Result<R, AccessError>,
+    ) -> Result<R, AccessError> {
         if let Err(AccessError::Invalidated(_) | AccessError::Fault(_)) = r {
             self.coherence.shared.note_violation(ctx.qpn, key);
         }
@@ -112,9 +127,7 @@ impl MemoryTable {
         }
         r
     }
-}
 
-impl MemoryTable {
     /// [`MemoryAccess::lend`] without the violation report.
     fn lend_inner(
         &self,
@@ -193,12 +206,7 @@ impl MemoryAccess for MemoryTable {
         len: u64,
         access: Access,
     ) -> Result<Option<Lent>, AccessError> {
-        let r = self.lend_inner(ctx, key, iova, len, access);
-        // As in `with_target`: the QP met an invalidated key.
-        if let Err(AccessError::Invalidated(_) | AccessError::Fault(_)) = r {
-            self.coherence.shared.note_violation(ctx.qpn, key);
-        }
-        r
+        self.noting_violation(ctx, key, self.lend_inner(ctx, key, iova, len, access))
     }
 
     fn atomic(
