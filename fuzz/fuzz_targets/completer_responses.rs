@@ -222,6 +222,7 @@ impl World {
             },
             srq: None,
             sq_sig_all: input.sq_sig_all,
+            qp_type: Default::default(),
         })
         .unwrap();
         let mut w = World {

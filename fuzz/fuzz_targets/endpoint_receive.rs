@@ -369,6 +369,7 @@ impl World {
                 },
                 srq: None,
                 sq_sig_all: false,
+                qp_type: Default::default(),
             })
             .unwrap();
             let cell = Arc::new(QpCell::new(

@@ -389,6 +389,7 @@ impl World {
             },
             srq: None,
             sq_sig_all: true,
+            qp_type: Default::default(),
         })
         .unwrap();
         let mut w = World {

@@ -98,6 +98,7 @@ fn pair() -> Pair {
             },
             srq: None,
             sq_sig_all: false,
+            qp_type: Default::default(),
         })
         .unwrap()
     };

@@ -147,6 +147,7 @@ fn post_one(
         send_flags: flags,
         sg_list: sg,
         inline_data: None,
+        ud: None,
     };
     if flags.contains(SendFlags::INLINE) && opcode.carries_payload() {
         gather(sg, q.cap.max_inline_data, inline)?;

@@ -214,6 +214,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             srq: srq.map(|s| s.vsrq.clone()),
             cap,
             sq_sig_all: a.sq_sig_all != 0,
+            qp_type: verbs::QpType::Rc,
         };
         let vqp = p.vpd.create_qp(&init).map_err(|e| e.errno())?;
         let granted = ibv_qp_cap {

@@ -421,6 +421,7 @@ impl Sim {
             send_flags: flags,
             sg_list: &sge,
             inline_data: None,
+            ud: None,
         };
         if inline {
             wr = wr.inline(&op.data);

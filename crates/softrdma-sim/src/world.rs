@@ -168,6 +168,7 @@ impl World {
             cap,
             srq: srq_id,
             sq_sig_all: false,
+            qp_type: Default::default(),
         })
         .expect("valid caps");
         e.qps.push(qp);

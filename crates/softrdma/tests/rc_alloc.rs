@@ -204,6 +204,7 @@ fn steady_state_allocates_nothing_per_packet() {
         cap,
         srq: None,
         sq_sig_all: false,
+        qp_type: Default::default(),
     })
     .unwrap();
     let mut b = Qp::new(QpInit {
@@ -212,6 +213,7 @@ fn steady_state_allocates_nothing_per_packet() {
         cap,
         srq: None,
         sq_sig_all: false,
+        qp_type: Default::default(),
     })
     .unwrap();
     connect(&mut a, ia, ib, 0x22, (0xff_ff00, 77));

@@ -79,6 +79,7 @@ fn world() -> World {
             },
             srq: None,
             sq_sig_all: false,
+            qp_type: Default::default(),
         })
         .unwrap()
     };

@@ -64,6 +64,7 @@ fn victim(max_dest_rd_atomic: u8) -> Victim {
         },
         srq: None,
         sq_sig_all: false,
+        qp_type: Default::default(),
     })
     .unwrap();
     qp.connect(&QpAttr {
@@ -446,6 +447,7 @@ fn a_send_past_the_largest_message_is_refused_before_its_offset_wraps() {
         },
         srq: None,
         sq_sig_all: false,
+        qp_type: Default::default(),
     })
     .unwrap();
     qp.connect(&QpAttr {

@@ -56,6 +56,7 @@ fn responder() -> Responder {
         },
         srq: None,
         sq_sig_all: false,
+        qp_type: Default::default(),
     })
     .unwrap();
     qp.connect(&QpAttr {

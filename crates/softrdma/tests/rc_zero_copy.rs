@@ -44,6 +44,7 @@ fn side() -> Side {
         },
         srq: None,
         sq_sig_all: false,
+        qp_type: Default::default(),
     })
     .unwrap();
     qp.set_send_window(1 << 20);

@@ -29,7 +29,7 @@ use super::cq::CqCore;
 use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
 use crate::rc::requester::LEND_MAX_PIECES;
-use crate::rc::{Gather, Qp, Srq};
+use crate::rc::{Gather, Qp, QpType, Srq};
 use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDelta, IpHeader, Packet};
 
 mod receive;
@@ -206,6 +206,9 @@ pub struct QpCell {
     pub qpn: u32,
     /// Protection domain.
     pub pd: u32,
+    /// The transport service (a UD QP takes datagrams from any sender, and sends each where
+    /// its work request says).
+    pub qp_type: QpType,
     /// The transport state and transmit batch ([`QpCell::lock`]).
     body: Mutex<QpBody>,
     /// Send completions go here.
@@ -266,6 +269,7 @@ impl QpCell {
         let max = qp.max_packet_len();
         QpCell {
             qpn: qp.qp_num(),
+            qp_type: qp.qp_type(),
             pd,
             body: Mutex::new(QpBody {
                 qp,
@@ -520,6 +524,19 @@ impl Engine {
                 None => IcrcContext::v6(l.to_ipv6_mapped(), p, src_port),
             },
         }
+    }
+
+    /// The socket address an address vector sends to (an IPv4-mapped IPv6 destination is
+    /// reached over IPv4 from an IPv4 device).
+    pub fn av_dest(&self, av: &IcrcContext) -> SocketAddr {
+        let ip = match av.ip {
+            IpHeader::V4 { dst, .. } => IpAddr::V4(dst),
+            IpHeader::V6 { dst, .. } => match dst.to_ipv4_mapped() {
+                Some(v4) if self.local_ip.is_ipv4() => IpAddr::V4(v4),
+                _ => IpAddr::V6(dst),
+            },
+        };
+        SocketAddr::new(ip, av.dst_port)
     }
 
     /// Register a QP for demultiplexing.

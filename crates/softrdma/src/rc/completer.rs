@@ -445,6 +445,7 @@ impl SendSide {
                     qp_num: qpn,
                     src_qp: self.dest_qpn,
                     solicited: false,
+                    grh: false,
                 });
             }
             self.sq.pop();

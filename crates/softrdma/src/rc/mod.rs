@@ -1,4 +1,6 @@
-//! Reliable Connected transport (sans-IO): requester, responder and completer.
+//! The InfiniBand transports (sans-IO): Reliable Connected (requester, responder and
+//! completer), with Unreliable Connected and Unreliable Datagram beside it ([`unreliable`])
+//! sharing its queues, state machine and completions, as rxe shares them.
 //!
 //! The protocol engine reads no clock and touches no socket: a driver feeds it packets
 //! ([`Qp::handle_packet`]) and time ([`Qp::handle_timeout`]) and drains what it produces:
@@ -38,6 +40,7 @@ pub mod response;
 pub mod rq;
 pub mod sq;
 pub mod timer;
+pub mod unreliable;
 pub mod wr;
 
 pub use gather::Gather;
@@ -45,6 +48,7 @@ pub use qp::{Qp, QpCap, QpCounters, QpInit};
 pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
 pub use responder::{NAK_SEQ_WINDOW, RespCounters};
 pub use rq::Srq;
+pub use unreliable::{DatagramSource, UdDest, UnrelCounters};
 pub use wr::{
     MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
@@ -64,6 +68,39 @@ pub const MAX_MSG_SIZE: u64 = 1 << 31;
 /// plus pad and ICRC: a transmit buffer needs path MTU + this.
 pub const MAX_OVERHEAD: usize = 12 + 28 + 4 + 3 + 4;
 
+/// The transport service of a QP (`enum ibv_qp_type`, with its values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum QpType {
+    /// `IBV_QPT_RC`: Reliable Connected.
+    #[default]
+    Rc = 2,
+    /// `IBV_QPT_UC`: Unreliable Connected (SEND and RDMA WRITE, no acknowledgements, nothing
+    /// resent).
+    Uc = 3,
+    /// `IBV_QPT_UD`: Unreliable Datagram (one-packet SENDs to any QP named per work request).
+    Ud = 4,
+}
+
+impl QpType {
+    /// The wire transport of its packets.
+    pub const fn transport(self) -> crate::wire::Transport {
+        match self {
+            QpType::Rc => crate::wire::Transport::Rc,
+            QpType::Uc => crate::wire::Transport::Uc,
+            QpType::Ud => crate::wire::Transport::Ud,
+        }
+    }
+    /// True for UC and UD: no acknowledgements, no retransmission.
+    pub const fn is_unreliable(self) -> bool {
+        !matches!(self, QpType::Rc)
+    }
+}
+
+/// The bytes in front of a UD receive's payload: the Global Route Header area, which holds
+/// the packet's IP header (an IPv4 header in its last 20 bytes; an IPv6 header fills it).
+pub const GRH_LEN: usize = 40;
+
 /// Why a post was refused (the errno of `ibv_post_send`/`ibv_post_recv`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PostError {
@@ -79,6 +116,14 @@ pub enum PostError {
     /// Inline data larger than `max_inline_data` (EINVAL).
     #[error("inline data of {0} bytes, more than the QP accepts")]
     InlineTooLong(usize),
+    /// A UD message longer than the port's MTU (EINVAL): a datagram is one packet.
+    #[error("a UD message of {len} bytes, more than the MTU of {max}")]
+    MessageTooLong {
+        /// The message's length.
+        len: u64,
+        /// The MTU.
+        max: u32,
+    },
     /// A malformed work request (EINVAL), e.g. an atomic whose SGE is not 8 bytes.
     #[error("invalid work request: {0}")]
     InvalidArgument(&'static str),

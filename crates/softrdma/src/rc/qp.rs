@@ -1,5 +1,6 @@
-//! A Reliable Connected queue pair: the state machine of [`super::qp_state`] around the
-//! requester, responder and completer, with bounded work and completion queues.
+//! A queue pair: the state machine of [`super::qp_state`] around the requester, responder and
+//! completer, with bounded work and completion queues. RC QPs run the reliable transport; UC
+//! and UD QPs share the queues, states and completions and run [`super::unreliable`] instead.
 
 use std::collections::VecDeque;
 
@@ -12,10 +13,13 @@ use super::responder::{Fatal, RecvSide, RespCounters, RespOutcome};
 use super::rq::{RecvWqe, Srq};
 use super::sq::SendSide;
 use super::timer::{ack_timeout_ns, earliest};
+use super::unreliable::DatagramSource;
 use super::wr::{RecvWr, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
-use super::{CreateError, MAX_MSG_SIZE, MAX_OVERHEAD, MAX_SGE, ModifyError, PostError};
+use super::{
+    CreateError, MAX_MSG_SIZE, MAX_OVERHEAD, MAX_SGE, ModifyError, PostError, QpType, qp_state::Mtu,
+};
 use crate::mem::{AccessCtx, MemoryAccess};
-use crate::wire::{IcrcPrefix, Packet, Psn, Transport};
+use crate::wire::{IcrcPrefix, Packet, Psn};
 
 /// Queue sizes (`ibv_qp_cap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +61,8 @@ pub struct QpInit {
     pub srq: Option<u32>,
     /// Complete every send WR, signaled or not.
     pub sq_sig_all: bool,
+    /// The transport service.
+    pub qp_type: QpType,
 }
 
 /// Run-time counters, like a NIC's hardware counters.
@@ -72,11 +78,16 @@ pub struct QpCounters {
     pub comp: CompCounters,
     /// Responder counters.
     pub resp: RespCounters,
+    /// What UC and UD receivers dropped.
+    pub unrel: super::UnrelCounters,
 }
 
-/// A Reliable Connected queue pair.
+/// A queue pair.
 #[derive(Debug)]
 pub struct Qp {
+    qp_type: QpType,
+    /// The port's active MTU: a UD QP's messages are at most this long.
+    port_mtu: Mtu,
     qpn: u32,
     pd: u32,
     cap: QpCap,
@@ -116,6 +127,8 @@ impl Qp {
         }
         let recv_cq = (c.max_recv_wr.max(1)) as usize;
         Ok(Qp {
+            qp_type: init.qp_type,
+            port_mtu: Mtu::Mtu1024,
             qpn: init.qp_num,
             pd: init.pd,
             cap: c,
@@ -136,14 +149,15 @@ impl Qp {
         })
     }
 
-    /// Bring a fresh QP to RTS: RESET→INIT→RTR→RTS with [`QpAttrMask::TO_INIT`],
-    /// [`QpAttrMask::TO_RTR`] and [`QpAttrMask::TO_RTS`] from `attr` (which must carry the
-    /// address vector; its state field is ignored).
+    /// Bring a fresh QP to RTS: RESET→INIT→RTR→RTS with the masks of
+    /// [`QpAttrMask::bring_up`] for its type, from `attr` (which must carry the address
+    /// vector for RC and UC, the Q_Key for UD; its state field is ignored).
     pub fn connect(&mut self, attr: &QpAttr) -> Result<(), ModifyError> {
+        let [init, rtr, rts] = QpAttrMask::bring_up(self.qp_type);
         for (state, mask) in [
-            (QpState::Init, QpAttrMask::TO_INIT),
-            (QpState::Rtr, QpAttrMask::TO_RTR),
-            (QpState::Rts, QpAttrMask::TO_RTS),
+            (QpState::Init, init),
+            (QpState::Rtr, rtr),
+            (QpState::Rts, rts),
         ] {
             self.modify(
                 &QpAttr {
@@ -159,6 +173,26 @@ impl Qp {
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
         self.qpn
+    }
+    /// The transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+    /// Set the port's active MTU, which bounds a UD QP's messages (UD has no path MTU
+    /// attribute; default 1024).
+    pub fn set_port_mtu(&mut self, mtu: Mtu) {
+        self.port_mtu = mtu;
+        if self.qp_type == QpType::Ud {
+            self.send.mtu = mtu.bytes();
+            self.recv.mtu = mtu.bytes();
+        }
+    }
+    /// The MTU messages are cut to: the path MTU (RC, UC) or the port's (UD).
+    fn mtu(&self) -> Mtu {
+        match self.qp_type {
+            QpType::Ud => self.port_mtu,
+            _ => self.attr.path_mtu,
+        }
     }
     /// Current state.
     pub fn state(&self) -> QpState {
@@ -181,7 +215,7 @@ impl Qp {
 
     /// Size a transmit buffer must have: path MTU plus headers, pad and ICRC.
     pub fn max_packet_len(&self) -> usize {
-        self.attr.path_mtu.bytes() as usize + MAX_OVERHEAD
+        self.mtu().bytes() as usize + MAX_OVERHEAD
     }
     /// Send WRs posted and not yet completed.
     pub fn send_queue_len(&self) -> usize {
@@ -207,7 +241,7 @@ impl Qp {
 
     /// `ibv_modify_qp`.
     pub fn modify(&mut self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
-        let to = check_modify(self.state, attr, mask)?;
+        let to = check_modify(self.qp_type, self.state, attr, mask)?;
         let has = |m| mask.contains(m);
         let a = &mut self.attr;
         if has(QpAttrMask::ACCESS_FLAGS) {
@@ -249,12 +283,25 @@ impl Qp {
         if has(QpAttrMask::DEST_QPN) {
             a.dest_qp_num = attr.dest_qp_num;
         }
+        if has(QpAttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
         a.qp_state = to;
         a.cur_qp_state = to;
         let a = *a;
+        let mtu = match self.qp_type {
+            QpType::Ud => self.port_mtu.bytes(),
+            _ => a.path_mtu.bytes(),
+        };
+        let unreliable = self.qp_type.is_unreliable();
         let s = &mut self.send;
-        s.mtu = a.path_mtu.bytes();
-        s.timeout_ns = ack_timeout_ns(a.timeout);
+        s.mtu = mtu;
+        // Nothing is acknowledged on UC and UD: no retransmission timer.
+        s.timeout_ns = if unreliable {
+            None
+        } else {
+            ack_timeout_ns(a.timeout)
+        };
         s.retry_cnt = a.retry_cnt;
         s.rnr_retry = a.rnr_retry;
         s.max_rd_atomic = a.max_rd_atomic;
@@ -266,7 +313,8 @@ impl Qp {
             s.rnr_left = a.rnr_retry;
         }
         let r = &mut self.recv;
-        r.mtu = a.path_mtu.bytes();
+        r.mtu = mtu;
+        r.qkey = a.qkey;
         r.access = a.qp_access_flags;
         r.min_rnr_timer = a.min_rnr_timer;
         r.max_dest_rd_atomic = a.max_dest_rd_atomic;
@@ -331,6 +379,7 @@ impl Qp {
                 qp_num: self.qpn,
                 src_qp: self.attr.dest_qp_num,
                 solicited: false,
+                grh: false,
             });
         }
     }
@@ -383,6 +432,7 @@ impl Qp {
         if wr.opcode.is_rd_atomic() && self.attr.max_rd_atomic == 0 {
             return Err(PostError::InvalidArgument("max_rd_atomic is 0"));
         }
+        super::unreliable::check_post(self.qp_type, wr, len, self.port_mtu.bytes())?;
         let err = self.state == QpState::Err;
         let w = self.send.sq.push();
         w.wr_id = wr.wr_id;
@@ -391,6 +441,11 @@ impl Qp {
         w.sges = sges;
         w.len = if wr.opcode.is_atomic() { 8 } else { len as u32 };
         w.signaled = wr.send_flags.contains(super::SendFlags::SIGNALED);
+        w.ud = if self.qp_type == QpType::Ud {
+            wr.ud
+        } else {
+            None
+        };
         if let Some(d) = wr.inline_data {
             w.inline.extend_from_slice(d);
             w.use_inline = true;
@@ -427,6 +482,20 @@ impl Qp {
         mem: &dyn MemoryAccess,
         srq: Option<&mut Srq>,
     ) {
+        self.handle_packet_from(now, pkt, None, mem, srq);
+    }
+
+    /// [`Qp::handle_packet`], saying where the packet came from: a UD receive needs it (the
+    /// GRH area of its buffer holds the packet's IP header, and a UD QP drops datagrams whose
+    /// origin it is not told).
+    pub fn handle_packet_from(
+        &mut self,
+        now: u64,
+        pkt: &Packet<'_>,
+        from: Option<&DatagramSource>,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+    ) {
         self.counters.packets_received += 1;
         let Some(info) = pkt.hdr.bth.opcode.info() else {
             self.counters.packets_dropped += 1;
@@ -436,17 +505,41 @@ impl Qp {
             self.state,
             QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
         );
-        let ours = info.transport == Transport::Rc && pkt.hdr.bth.dest_qp == self.qpn;
+        let ours = info.transport == self.qp_type.transport() && pkt.hdr.bth.dest_qp == self.qpn;
         if !live || !ours {
             // A message cut short by an invalidated region is NAKed when its next packet
-            // comes (see `RecvSide::abort_for_region`).
-            if self.state == QpState::Err && ours && info.is_request() {
+            // comes (see `RecvSide::abort_for_region`); UC and UD send no NAKs.
+            if self.state == QpState::Err && ours && info.is_request() && self.qp_type == QpType::Rc
+            {
                 self.recv.answer_violation(pkt.hdr.bth.psn);
             }
             self.counters.packets_dropped += 1;
             return;
         }
         let actx = self.actx();
+        if self.qp_type.is_unreliable() {
+            if !info.is_request() {
+                self.counters.packets_dropped += 1;
+                return;
+            }
+            let cap = self.recv_cq.capacity().max(1);
+            let out = self.recv.handle_unreliable(
+                self.qp_type,
+                pkt,
+                info.kind,
+                info.position,
+                from,
+                actx,
+                mem,
+                srq,
+                (&mut self.recv_cq, cap),
+                &mut self.counters.unrel,
+            );
+            if out == RespOutcome::Fatal {
+                self.enter_error();
+            }
+            return;
+        }
         if info.is_request() {
             let cap = self.recv_cq.capacity().max(1);
             let out = self.recv.handle_request(
@@ -527,6 +620,16 @@ impl Qp {
         self.recv.has_response()
     }
 
+    /// UD: where the next request goes (each work request names its destination), so that a
+    /// driver addresses the datagram before building it. `None` for RC and UC (they send to
+    /// the address vector) and when no request waits.
+    pub fn next_datagram_dest(&self) -> Option<crate::wire::IcrcContext> {
+        if self.qp_type != QpType::Ud {
+            return None;
+        }
+        self.send.next_ud_dest()
+    }
+
     /// True when a request is left to start or continue (see [`Qp::has_transmit_work`]).
     pub fn has_request_work(&self) -> bool {
         matches!(self.state, QpState::Rts | QpState::Sqd) && self.send.has_request_work()
@@ -565,11 +668,35 @@ impl Qp {
         hold_ack: bool,
         responses: bool,
     ) -> Option<usize> {
-        let icrc = self.icrc?;
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
             return None;
         }
         let actx = self.actx();
+        if self.qp_type.is_unreliable() {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                return None;
+            }
+            let sqd = self.state == QpState::Sqd;
+            let out = self.send.poll_unreliable(
+                self.qp_type,
+                now,
+                sqd,
+                actx,
+                mem,
+                self.icrc.as_ref(),
+                self.attr.qkey,
+                buf,
+            );
+            self.retire();
+            return match out {
+                ReqOutput::Packet(n) => {
+                    self.counters.packets_sent += 1;
+                    Some(n)
+                }
+                ReqOutput::Idle => None,
+            };
+        }
+        let icrc = self.icrc?;
         if responses && self.recv.has_response() && !(hold_ack && self.recv.has_lone_ack()) {
             match self
                 .recv

@@ -1,7 +1,8 @@
-//! The QP state machine and its attributes, with the rules of `ibv_modify_qp` for RC QPs
-//! (IBTA 11.2.1.2 / rdma-core's `qp_state_table`): which transitions exist, which
+//! The QP state machine and its attributes, with the rules of `ibv_modify_qp` for RC, UC and
+//! UD QPs (IBTA 11.2.1.2 / the kernel's `qp_state_table`): which transitions exist, which
 //! attributes each requires and which it accepts.
 
+use super::QpType;
 use crate::mem::Access;
 use crate::wire::{IcrcContext, Psn};
 
@@ -130,6 +131,31 @@ impl QpAttrMask {
         .with(QpAttrMask::RNR_RETRY)
         .with(QpAttrMask::MAX_QP_RD_ATOMIC);
 
+    /// What RESET→INIT, INIT→RTR and RTR→RTS take when bringing up a QP of type `t`: the
+    /// masks above for RC; for UC the same without the RC-only attributes (no READ/atomic
+    /// depths, no RNR timer, no timeouts or retries); for UD the Q_Key, no path and only the
+    /// send PSN.
+    pub const fn bring_up(t: QpType) -> [QpAttrMask; 3] {
+        use QpAttrMask as M;
+        match t {
+            QpType::Rc => [M::TO_INIT, M::TO_RTR, M::TO_RTS],
+            QpType::Uc => [
+                M::TO_INIT,
+                M::STATE
+                    .with(M::AV)
+                    .with(M::PATH_MTU)
+                    .with(M::DEST_QPN)
+                    .with(M::RQ_PSN),
+                M::STATE.with(M::SQ_PSN),
+            ],
+            QpType::Ud => [
+                M::STATE.with(M::PKEY_INDEX).with(M::PORT).with(M::QKEY),
+                M::STATE,
+                M::STATE.with(M::SQ_PSN),
+            ],
+        }
+    }
+
     /// True when every bit of `o` is set.
     pub const fn contains(self, o: QpAttrMask) -> bool {
         self.0 & o.0 == o.0
@@ -213,6 +239,9 @@ pub struct QpAttr {
     pub min_rnr_timer: u8,
     /// The peer QP number (24 bits).
     pub dest_qp_num: u32,
+    /// Q_Key (UD): datagrams carrying another are dropped; a work request whose Q_Key has the
+    /// high bit set sends with this one.
+    pub qkey: u32,
 }
 
 impl Default for QpAttr {
@@ -234,6 +263,7 @@ impl Default for QpAttr {
             max_dest_rd_atomic: 1,
             min_rnr_timer: 12,
             dest_qp_num: 0,
+            qkey: 0,
         }
     }
 }
@@ -268,55 +298,84 @@ pub enum ModifyError {
     InvalidValue(&'static str),
 }
 
-/// Required and optional attributes of a transition; `None` when it does not exist.
-pub fn transition_rules(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
+/// Required and optional attributes of a transition of a QP of type `t`; `None` when it does
+/// not exist.
+pub fn transition_rules(t: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
     use QpAttrMask as M;
     use QpState::*;
     let none = M(0);
+    let (rc, uc, ud) = (t == QpType::Rc, t == QpType::Uc, t == QpType::Ud);
+    // What each service adds to the common optional attributes.
+    let pick = |r: M, c: M, d: M| match t {
+        QpType::Rc => r,
+        QpType::Uc => c,
+        QpType::Ud => d,
+    };
     Some(match (from, to) {
         (_, Reset) | (_, Err) => (none, none),
-        (Reset, Init) => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
-        (Init, Init) => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        (Reset, Init) => (
+            M::PKEY_INDEX | M::PORT | pick(M::ACCESS_FLAGS, M::ACCESS_FLAGS, M::QKEY),
+            none,
+        ),
+        (Init, Init) => (
+            none,
+            M::PKEY_INDEX | M::PORT | pick(M::ACCESS_FLAGS, M::ACCESS_FLAGS, M::QKEY),
+        ),
+        (Init, Rtr) if ud => (none, M::PKEY_INDEX | M::QKEY),
         (Init, Rtr) => (
             M::AV
                 | M::PATH_MTU
                 | M::DEST_QPN
                 | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
+                | if rc {
+                    M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER
+                } else {
+                    none
+                },
             M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+        ),
+        (Rtr, Rts) if ud => (M::SQ_PSN, M::CUR_STATE | M::QKEY),
+        (Rtr, Rts) if uc => (
+            M::SQ_PSN,
+            M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
         ),
         (Rtr, Rts) => (
             M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
             M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
         ),
-        (Rts, Rts) => (
+        (Rts, Rts) | (Sqd, Rts) => (
             none,
-            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+            M::CUR_STATE
+                | pick(
+                    M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+                    M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+                    M::QKEY,
+                ),
         ),
         (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
         (Sqd, Sqd) => (
             none,
-            M::CUR_STATE
-                | M::AV
-                | M::ALT_PATH
-                | M::ACCESS_FLAGS
-                | M::PKEY_INDEX
-                | M::PORT
-                | M::TIMEOUT
-                | M::RETRY_CNT
-                | M::RNR_RETRY
-                | M::MAX_QP_RD_ATOMIC
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER
-                | M::PATH_MIG_STATE
-                | M::PATH_MTU,
+            pick(
+                M::CUR_STATE
+                    | M::AV
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::PORT
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE
+                    | M::PATH_MTU,
+                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+                M::PKEY_INDEX | M::QKEY,
+            ),
         ),
-        (Sqd, Rts) => (
-            none,
-            M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
-        ),
-        (Sqe, Rts) => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::MIN_RNR_TIMER),
+        // Only UC and UD QPs have a send-queue error state.
+        (Sqe, Rts) if !rc => (none, M::CUR_STATE | pick(none, M::ACCESS_FLAGS, M::QKEY)),
         _ => return None,
     })
 }
@@ -324,8 +383,13 @@ pub fn transition_rules(from: QpState, to: QpState) -> Option<(QpAttrMask, QpAtt
 /// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted (`max_qp_rd_atom` of the device).
 pub const MAX_RD_ATOMIC: u8 = 16;
 
-/// Check a modify request against the rules and the attribute ranges.
-pub fn check_modify(cur: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<QpState, ModifyError> {
+/// Check a modify request of a QP of type `t` against the rules and the attribute ranges.
+pub fn check_modify(
+    t: QpType,
+    cur: QpState,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+) -> Result<QpState, ModifyError> {
     let to = if mask.contains(QpAttrMask::STATE) {
         attr.qp_state
     } else {
@@ -338,7 +402,7 @@ pub fn check_modify(cur: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<QpS
         });
     }
     let (req, opt) =
-        transition_rules(cur, to).ok_or(ModifyError::InvalidTransition { from: cur, to })?;
+        transition_rules(t, cur, to).ok_or(ModifyError::InvalidTransition { from: cur, to })?;
     let given = QpAttrMask(mask.0 & !QpAttrMask::STATE.0);
     let missing = QpAttrMask(req.0 & !given.0);
     if missing.0 != 0 {
@@ -410,11 +474,12 @@ mod tests {
         let init = M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
         let to = |s| QpAttr { qp_state: s, ..a };
         assert_eq!(
-            check_modify(QpState::Reset, &to(QpState::Init), init),
+            check_modify(QpType::Rc, QpState::Reset, &to(QpState::Init), init),
             Ok(QpState::Init)
         );
         assert_eq!(
             check_modify(
+                QpType::Rc,
                 QpState::Reset,
                 &to(QpState::Init),
                 M::STATE | M::PORT | M::ACCESS_FLAGS
@@ -422,24 +487,34 @@ mod tests {
             Err(ModifyError::MissingAttr("PKEY_INDEX"))
         );
         assert_eq!(
-            check_modify(QpState::Reset, &to(QpState::Rts), M::STATE),
+            check_modify(QpType::Rc, QpState::Reset, &to(QpState::Rts), M::STATE),
             Err(ModifyError::InvalidTransition {
                 from: QpState::Reset,
                 to: QpState::Rts
             })
         );
         assert_eq!(
-            check_modify(QpState::Init, &to(QpState::Init), M::STATE | M::SQ_PSN),
+            check_modify(
+                QpType::Rc,
+                QpState::Init,
+                &to(QpState::Init),
+                M::STATE | M::SQ_PSN
+            ),
             Err(ModifyError::UnexpectedAttr("SQ_PSN"))
         );
         assert_eq!(
-            check_modify(QpState::Rts, &to(QpState::Err), M::STATE | M::SQ_PSN),
+            check_modify(
+                QpType::Rc,
+                QpState::Rts,
+                &to(QpState::Err),
+                M::STATE | M::SQ_PSN
+            ),
             Ok(QpState::Err)
         );
         let rts =
             M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC;
         assert_eq!(
-            check_modify(QpState::Rtr, &to(QpState::Rts), rts),
+            check_modify(QpType::Rc, QpState::Rtr, &to(QpState::Rts), rts),
             Ok(QpState::Rts)
         );
         let bad = QpAttr {
@@ -447,7 +522,7 @@ mod tests {
             ..to(QpState::Rts)
         };
         assert_eq!(
-            check_modify(QpState::Rtr, &bad, rts),
+            check_modify(QpType::Rc, QpState::Rtr, &bad, rts),
             Err(ModifyError::InvalidValue("retry_cnt"))
         );
         assert_eq!(Mtu::Mtu4096.bytes(), 4096);

@@ -282,7 +282,7 @@ pub const LOCAL_SUSPEND_WAIT_NS: u64 = 50_000;
 
 /// Why a request could not be built from local memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LocalErr {
+pub(super) enum LocalErr {
     /// The work request fails with this status.
     Fail(WcStatus),
     /// A local region is suspended: the request waits (nothing was consumed).
@@ -295,7 +295,7 @@ impl From<WcStatus> for LocalErr {
     }
 }
 
-fn local_err(e: AccessError) -> LocalErr {
+pub(super) fn local_err(e: AccessError) -> LocalErr {
     match e {
         AccessError::Suspended(_) => LocalErr::Wait,
         _ => LocalErr::Fail(WcStatus::LocProtErr),
@@ -303,7 +303,7 @@ fn local_err(e: AccessError) -> LocalErr {
 }
 
 /// Execute LOCAL_INV or BIND_MW.
-fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> WcStatus {
+pub(super) fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> WcStatus {
     match w.op {
         WrOpcode::LocalInv { rkey } => match mem.invalidate(actx, rkey, Invalidator::Local) {
             Ok(()) => WcStatus::Success,
@@ -326,7 +326,11 @@ fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> WcStat
 
 /// Check the local SGEs of a WQE before it starts: readable for SEND/WRITE, writable for
 /// READ and atomics.
-fn check_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess) -> Result<(), LocalErr> {
+pub(super) fn check_local(
+    w: &SendWqe,
+    actx: AccessCtx,
+    mem: &dyn MemoryAccess,
+) -> Result<(), LocalErr> {
     if w.use_inline {
         return Ok(());
     }
@@ -491,27 +495,44 @@ fn build_request(
         return Ok((n, ack_req, 1));
     }
     let n = emit_sealed(&h, plen, icrc, buf, |dst| {
-        if w.use_inline {
-            let s = off as usize;
-            dst.copy_from_slice(&w.inline[s..s + plen]);
-            return Ok(());
-        }
-        let ok = w.sges.for_each_piece(off, plen, |sge, soff, doff, n| {
-            mem.read(
-                actx,
-                sge.lkey,
-                sge.addr.wrapping_add(soff),
-                &mut dst[doff..doff + n],
-                Access::NONE,
-            )
-        });
-        match ok {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(LocalErr::Fail(WcStatus::LocProtErr)),
-            Err(e) => Err(local_err(e)),
-        }
+        copy_payload(w, off, dst, actx, mem)
     })?;
     Ok((n, ack_req, 1))
+}
+
+/// Copy `dst.len()` payload bytes of `w` from message offset `off` (inline data or the local
+/// buffers) into `dst`.
+pub(super) fn copy_payload(
+    w: &SendWqe,
+    off: u64,
+    dst: &mut [u8],
+    actx: AccessCtx,
+    mem: &dyn MemoryAccess,
+) -> Result<(), LocalErr> {
+    let plen = dst.len();
+    if w.use_inline {
+        let s = off as usize;
+        let src = w
+            .inline
+            .get(s..s + plen)
+            .ok_or(LocalErr::Fail(WcStatus::LocLenErr))?;
+        dst.copy_from_slice(src);
+        return Ok(());
+    }
+    let ok = w.sges.for_each_piece(off, plen, |sge, soff, doff, n| {
+        mem.read(
+            actx,
+            sge.lkey,
+            sge.addr.wrapping_add(soff),
+            &mut dst[doff..doff + n],
+            Access::NONE,
+        )
+    });
+    match ok {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(LocalErr::Fail(WcStatus::LocProtErr)),
+        Err(e) => Err(local_err(e)),
+    }
 }
 
 /// Where a middle packet goes: its WQE's SQ sequence number, payload offset, PSN, the

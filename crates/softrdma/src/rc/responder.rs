@@ -58,7 +58,7 @@ pub(super) enum Response {
 
 /// The message being received.
 #[derive(Clone, Copy, Debug)]
-enum InMsg {
+pub(super) enum InMsg {
     Idle,
     Send {
         wqe: RecvWqe,
@@ -121,7 +121,12 @@ pub struct RecvSide {
     /// Message sequence number.
     pub msn: u32,
     nak_seq_sent: bool,
-    msg: InMsg,
+    pub(super) msg: InMsg,
+    /// Q_Key (UD): datagrams carrying another are dropped.
+    pub qkey: u32,
+    /// UC: the rest of the message in progress is dropped (a PSN gap or a refused packet),
+    /// until the next first or only packet.
+    pub(super) uc_drop: bool,
     pub(super) resp: VecDeque<Response>,
     pub(super) resp_cap: usize,
     /// READ/atomic answers queued, duplicates included (at most twice the depth).
@@ -182,6 +187,8 @@ impl RecvSide {
             msn: 0,
             nak_seq_sent: false,
             msg: InMsg::Idle,
+            qkey: 0,
+            uc_drop: false,
             resp: VecDeque::with_capacity(cap),
             resp_cap: cap,
             rd_atomic_queued: 0,
@@ -210,6 +217,7 @@ impl RecvSide {
         self.cache.clear();
         self.reads.clear();
         self.msg = InMsg::Idle;
+        self.uc_drop = false;
         self.nak_seq_sent = false;
         self.msn = 0;
         self.unacked = None;
@@ -337,7 +345,7 @@ impl RecvSide {
         RespOutcome::Ok
     }
 
-    fn recv_wc(
+    pub(super) fn recv_wc(
         &self,
         qpn: u32,
         wr_id: u64,
@@ -355,10 +363,11 @@ impl RecvSide {
             qp_num: qpn,
             src_qp: self.dest_qpn,
             solicited: false,
+            grh: false,
         }
     }
 
-    fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
+    pub(super) fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
         match (self.srq_id, srq) {
             (None, _) => self.rq.pop(),
             (Some(id), Some(s)) if s.id() == id => s.take(),
@@ -366,7 +375,7 @@ impl RecvSide {
         }
     }
 
-    fn give_back(&mut self, w: RecvWqe, srq: Option<&mut Srq>) {
+    pub(super) fn give_back(&mut self, w: RecvWqe, srq: Option<&mut Srq>) {
         match (self.srq_id, srq) {
             (None, _) => self.rq.unpop(w),
             (Some(_), Some(s)) => s.give_back(w),
@@ -486,18 +495,7 @@ impl RecvSide {
             ));
             return self.nak(psn, NakCode::InvalidRequest, c);
         }
-        let r =
-            wqe.sges
-                .for_each_piece(u64::from(offset), pkt.payload.len(), |s, soff, doff, n| {
-                    mem.write(
-                        actx,
-                        s.lkey,
-                        s.addr.wrapping_add(soff),
-                        &pkt.payload[doff..doff + n],
-                        Access::LOCAL_WRITE,
-                    )
-                });
-        if let Err(e) = r {
+        if let Err(e) = scatter(mem, actx, &wqe.sges, u64::from(offset), pkt.payload) {
             if matches!(e, AccessError::Suspended(_)) {
                 // The receive buffer's region is suspended: the peer waits (RNR) and resends
                 // from this packet. Before the first packet the receive goes back to its
@@ -654,4 +652,25 @@ impl RecvSide {
         self.finish_packet(pkt);
         RespOutcome::Ok
     }
+}
+
+/// Place `data` into the receive buffers `sges` from message offset `offset` (the caller
+/// checked that it fits).
+pub(super) fn scatter(
+    mem: &dyn MemoryAccess,
+    actx: AccessCtx,
+    sges: &super::SgList,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), AccessError> {
+    sges.for_each_piece(offset, data.len(), |s, soff, doff, n| {
+        mem.write(
+            actx,
+            s.lkey,
+            s.addr.wrapping_add(soff),
+            &data[doff..doff + n],
+            Access::LOCAL_WRITE,
+        )
+    })
+    .map(|_| ())
 }

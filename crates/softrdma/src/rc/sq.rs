@@ -54,6 +54,8 @@ pub struct SendWqe {
     /// READ/atomic: the last PSN of the hole re-request under way (cleared when its
     /// response arrives, or by a timeout).
     pub rereq_end: Option<Psn>,
+    /// UD: where the datagram goes.
+    pub ud: Option<super::UdDest>,
 }
 
 impl SendWqe {
@@ -72,6 +74,7 @@ impl SendWqe {
             done: None,
             signaled: false,
             rereq_end: None,
+            ud: None,
         }
     }
     /// Last PSN of the message.
@@ -280,6 +283,15 @@ impl SendSide {
             let w = self.sq.get(seq);
             !(w.psn_assigned && self.req_seq == seq && self.req_pkt >= w.npkts)
         }
+    }
+
+    /// UD: the destination of the next WQE to send (local operations before it are executed
+    /// by the same transmit poll).
+    pub fn next_ud_dest(&self) -> Option<crate::wire::IcrcContext> {
+        (self.req_seq.max(self.sq.head)..self.sq.tail)
+            .map(|s| self.sq.get(s))
+            .find(|w| w.done.is_none() && !w.op.is_local())
+            .and_then(|w| w.ud.map(|u| u.av))
     }
 
     /// True while sent packets wait for acknowledgement.

@@ -252,6 +252,9 @@ pub struct SendWr<'a> {
     /// Inline payload (`IBV_SEND_INLINE`): when present it is copied at post time and
     /// `sg_list` is ignored. At most the QP's `max_inline_data` bytes.
     pub inline_data: Option<&'a [u8]>,
+    /// UD: the destination (`wr.ud`: address handle, remote QPN and Q_Key); required on a UD
+    /// QP, ignored on RC and UC.
+    pub ud: Option<super::UdDest>,
 }
 
 impl<'a> SendWr<'a> {
@@ -263,6 +266,7 @@ impl<'a> SendWr<'a> {
             send_flags: SendFlags::SIGNALED,
             sg_list: &[],
             inline_data: None,
+            ud: None,
         }
     }
     /// With these SGEs.
@@ -273,6 +277,11 @@ impl<'a> SendWr<'a> {
     /// With these flags (replacing the default `SIGNALED`).
     pub fn flags(mut self, f: SendFlags) -> SendWr<'a> {
         self.send_flags = f;
+        self
+    }
+    /// To this UD destination.
+    pub fn ud(mut self, dest: super::UdDest) -> SendWr<'a> {
+        self.ud = Some(dest);
         self
     }
     /// With inline payload.
@@ -396,6 +405,8 @@ pub struct WorkCompletion {
     /// The message carried the solicited-event bit (receives; a CQ armed for solicited
     /// completions only fires on these and on errors).
     pub solicited: bool,
+    /// The receive buffer starts with the 40-byte GRH area (`IBV_WC_GRH`: UD receives).
+    pub grh: bool,
 }
 
 impl WorkCompletion {

@@ -31,7 +31,7 @@ pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
 pub use error::VerbsError;
 pub use mr::{Mr, MrRereg, Mw, Pd};
-pub use qp::{PostBatch, Qp, QpInitAttr, random_psn};
+pub use qp::{Ah, PostBatch, Qp, QpInitAttr, random_psn};
 pub use srq::Srq;
 
 pub use crate::mem::{
@@ -40,6 +40,6 @@ pub use crate::mem::{
 };
 pub use crate::net::{AsyncEvent, AsyncEventHook, PollMode};
 pub use crate::rc::{
-    Mtu, QpAttr, QpAttrMask, QpCap, QpState, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    GRH_LEN, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
+    UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };

@@ -1,11 +1,12 @@
-//! Reliable Connected queue pairs.
+//! Queue pairs: Reliable Connected, Unreliable Connected and Unreliable Datagram, and the
+//! address handles UD work requests name their destination with.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::{Cq, Pd, Srq, VerbsError};
 use crate::net::{QpCell, QpGuard};
-use crate::rc::{self, QpAttr, QpAttrMask, QpCap, QpState, RecvWr, SendWr};
+use crate::rc::{self, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendWr, UdDest};
 use crate::wire::IcrcContext;
 
 /// What a QP is created with (`ibv_qp_init_attr`).
@@ -21,10 +22,12 @@ pub struct QpInitAttr {
     pub cap: QpCap,
     /// Complete every send WR, signaled or not.
     pub sq_sig_all: bool,
+    /// The transport service (RC by default).
+    pub qp_type: QpType,
 }
 
 impl QpInitAttr {
-    /// One CQ for both directions, default capacities.
+    /// An RC QP: one CQ for both directions, default capacities.
     pub fn new(cq: &Cq) -> QpInitAttr {
         QpInitAttr {
             send_cq: cq.clone(),
@@ -32,12 +35,74 @@ impl QpInitAttr {
             srq: None,
             cap: QpCap::default(),
             sq_sig_all: false,
+            qp_type: QpType::Rc,
+        }
+    }
+    /// The same with another transport service.
+    pub fn with_type(mut self, t: QpType) -> QpInitAttr {
+        self.qp_type = t;
+        self
+    }
+}
+
+/// An address handle (`ibv_ah`): the path to a remote port, which UD work requests name
+/// their destination with ([`Ah::dest`]). It holds its protection domain.
+#[derive(Clone, Debug)]
+pub struct Ah {
+    av: IcrcContext,
+    remote: SocketAddr,
+    _pd: Pd,
+}
+
+impl Ah {
+    /// The address handle for the port at `remote` (the peer's GID as an IP address; its
+    /// device listens on the same UDP port as this one, 4791 unless configured otherwise).
+    pub fn new(pd: &Pd, remote: IpAddr) -> Ah {
+        let e = pd.device().engine();
+        let port = e.local_addr().port();
+        let mut av = e.path_to(remote, port);
+        av.dst_port = port;
+        Ah {
+            av,
+            remote: SocketAddr::new(remote, port),
+            _pd: pd.clone(),
+        }
+    }
+    /// The address handle of the sender of a received datagram, from the GRH area its
+    /// receive buffer starts with (`ibv_create_ah_from_wc`); `None` when the area holds no
+    /// IP header.
+    pub fn from_grh(pd: &Pd, grh: &[u8; rc::GRH_LEN]) -> Option<Ah> {
+        let (src, _dst) = rc::unreliable::grh_source(grh)?;
+        let src = match src {
+            IpAddr::V6(v6) => v6
+                .to_ipv4_mapped()
+                .filter(|_| pd.device().engine().local_ip().is_ipv4())
+                .map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        Some(Ah::new(pd, src))
+    }
+    /// The remote port's address.
+    pub fn remote(&self) -> SocketAddr {
+        self.remote
+    }
+    /// The address vector.
+    pub fn av(&self) -> IcrcContext {
+        self.av
+    }
+    /// A UD destination through this handle: QP `remote_qpn` with Q_Key `remote_qkey` (a
+    /// Q_Key with the high bit set sends the QP's own).
+    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest {
+            av: self.av,
+            remote_qpn,
+            remote_qkey,
         }
     }
 }
 
-/// A Reliable Connected queue pair. Dropping it moves it to the error state (its outstanding
-/// work requests complete with `WrFlushErr`) and removes it from the device.
+/// A queue pair. Dropping it moves it to the error state (its outstanding work requests
+/// complete with `WrFlushErr`) and removes it from the device.
 #[derive(Debug)]
 pub struct Qp {
     cell: Arc<QpCell>,
@@ -92,8 +157,10 @@ impl Qp {
             cap: attr.cap,
             srq: srq_id,
             sq_sig_all: attr.sq_sig_all,
+            qp_type: attr.qp_type,
         })?;
         qp.set_send_window(pd.device().config().send_window);
+        qp.set_port_mtu(pd.device().config().active_mtu);
         let cell = Arc::new(QpCell::new(
             qp,
             pd.handle(),
@@ -144,14 +211,7 @@ impl Qp {
         if mask.contains(QpAttrMask::AV)
             && let Some(av) = attr.av
         {
-            let ip = match av.ip {
-                crate::wire::IpHeader::V4 { dst, .. } => IpAddr::V4(dst),
-                crate::wire::IpHeader::V6 { dst, .. } => match dst.to_ipv4_mapped() {
-                    Some(v4) if engine.local_ip().is_ipv4() => IpAddr::V4(v4),
-                    _ => IpAddr::V6(dst),
-                },
-            };
-            body.peer = Some(SocketAddr::new(ip, av.dst_port));
+            body.peer = Some(engine.av_dest(&av));
             // A new peer: its source port is latched anew.
             body.peer_src_port = None;
         }
@@ -164,15 +224,35 @@ impl Qp {
     /// Bring a fresh QP to RTS towards a peer: RESET→INIT→RTR→RTS with `attr` supplying path
     /// MTU, timeouts, retries, PSNs, the peer's QPN and the access flags (the state fields and
     /// `av` are set here).
+    /// The masks are those of [`QpAttrMask::bring_up`] for the QP's type (a UD QP ignores
+    /// `remote`: see [`Qp::ready_ud`]).
     pub fn connect(&self, remote: IpAddr, attr: &QpAttr) -> Result<(), VerbsError> {
+        let [init, rtr, rts] = QpAttrMask::bring_up(self.qp_type());
         let mut a = *attr;
         a.qp_state = QpState::Init;
-        self.modify(&a, QpAttrMask::TO_INIT)?;
+        self.modify(&a, init)?;
         a.qp_state = QpState::Rtr;
-        a.av = Some(self.av_for(remote));
-        self.modify(&a, QpAttrMask::TO_RTR)?;
+        if rtr.contains(QpAttrMask::AV) {
+            a.av = Some(self.av_for(remote));
+        }
+        self.modify(&a, rtr)?;
         a.qp_state = QpState::Rts;
-        self.modify(&a, QpAttrMask::TO_RTS)
+        self.modify(&a, rts)
+    }
+
+    /// Bring a fresh UD QP to RTS with Q_Key `qkey` (RESET→INIT→RTR→RTS, send PSN `sq_psn`).
+    pub fn ready_ud(&self, qkey: u32, sq_psn: u32) -> Result<(), VerbsError> {
+        let a = QpAttr {
+            qkey,
+            sq_psn,
+            ..QpAttr::default()
+        };
+        self.connect(IpAddr::from([0, 0, 0, 0]), &a)
+    }
+
+    /// The transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.cell.lock().qp.qp_type()
     }
 
     /// Current state and attributes (`ibv_query_qp`).

@@ -135,6 +135,9 @@ impl Engine {
     /// datagram, so that is tried first (a full 32-bit check). Otherwise (a third-party sender
     /// such as Linux rxe, which numbers its datagrams) the identification is solved for, which
     /// leaves 16 check bits; such packets are counted in `rx_icrc_solved`.
+    ///
+    /// Returns the packet with the IPv4 identification its ICRC was computed with (0 for
+    /// IPv6).
     pub fn verify<'a>(
         &self,
         src: SocketAddr,
@@ -142,7 +145,7 @@ impl Engine {
         seg: &'a [u8],
         deltas: &mut Vec<IdDelta>,
         prefix: &mut Option<(SocketAddr, IcrcPrefix)>,
-    ) -> Option<Packet<'a>> {
+    ) -> Option<(Packet<'a>, u16)> {
         let id = (k & 0xffff) as u16;
         // The covered headers of the last sender's packets, computed once per sender.
         let base = match prefix {
@@ -173,12 +176,12 @@ impl Engine {
         let ctx = base.with_id(id);
         let v4 = matches!(ctx.context().ip, IpHeader::V4 { .. });
         match Packet::parse_verified(&ctx, seg) {
-            Ok(p) => return Some(p),
+            Ok(p) => return Some((p, if v4 { id } else { 0 })),
             Err(crate::wire::Error::BadIcrc { carried, computed }) if v4 => {
                 let d = delta_for(deltas, seg.len() - ICRC_LEN);
-                if d.solve(computed ^ d.delta(id), carried).is_some() {
+                if let Some(solved) = d.solve(computed ^ d.delta(id), carried) {
                     self.counters.rx_icrc_solved.fetch_add(1, Ordering::Relaxed);
-                    return Packet::parse(seg).ok();
+                    return Packet::parse(seg).ok().map(|p| (p, solved));
                 }
             }
             Err(_) => {}
@@ -194,16 +197,17 @@ impl Engine {
     pub(super) fn handle_datagram(&self, now: u64, d: &Received<'_>, w: &mut RxWork) -> usize {
         let mut done = 0;
         let mut segs = d.segments().enumerate();
-        // A verified packet for another QP than the one just handled.
-        let mut carry: Option<Packet<'_>> = None;
+        // A verified packet for another QP than the one just handled, with its segment's
+        // length and IPv4 identification.
+        let mut carry: Option<(Packet<'_>, usize, u16)> = None;
         loop {
-            let pkt = match carry.take() {
-                Some(p) => p,
+            let (pkt, len, id) = match carry.take() {
+                Some(c) => c,
                 None => {
                     let Some((k, seg)) = segs.next() else { break };
                     done += 1;
                     match self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) {
-                        Some(p) => p,
+                        Some((p, id)) => (p, seg.len(), id),
                         None => continue,
                     }
                 }
@@ -213,29 +217,31 @@ impl Engine {
                 continue;
             };
             let mut body = cell.lock();
-            if body.peer.map(|p| p.ip()) != Some(d.src.ip())
-                || body.peer_src_port.is_some_and(|p| p != d.src.port())
+            // A UD QP takes datagrams from anyone (the Q_Key is its filter); a connected one
+            // only from its peer.
+            let ud = cell.qp_type == QpType::Ud;
+            if !ud
+                && (body.peer.map(|p| p.ip()) != Some(d.src.ip())
+                    || body.peer_src_port.is_some_and(|p| p != d.src.port()))
             {
                 self.counters.rx_wrong_peer.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             // Not latched yet: the first datagram whose packets the transport accepts as
             // progress names the peer's source port.
-            let mark = body
-                .peer_src_port
-                .is_none()
-                .then(|| body.qp.progress_mark());
-            self.handle_packet(now, &cell, &mut body, &pkt);
+            let mark = (!ud && body.peer_src_port.is_none()).then(|| body.qp.progress_mark());
+            let from = |len, id| ud.then(|| self.source_of(d.src, len, id));
+            self.handle_packet(now, &cell, &mut body, &pkt, from(len, id).as_ref());
             for (k, seg) in segs.by_ref() {
                 done += 1;
-                let Some(p) = self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) else {
+                let Some((p, id)) = self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) else {
                     continue;
                 };
                 if p.hdr.bth.dest_qp != qpn {
-                    carry = Some(p);
+                    carry = Some((p, seg.len(), id));
                     break;
                 }
-                self.handle_packet(now, &cell, &mut body, &p);
+                self.handle_packet(now, &cell, &mut body, &p, from(seg.len(), id).as_ref());
             }
             if mark.is_some_and(|m| m != body.qp.progress_mark()) {
                 body.peer_src_port = Some(d.src.port());
@@ -277,25 +283,55 @@ impl Engine {
         Some(cell)
     }
 
-    /// Hand one verified packet to its (locked) QP.
+    /// Where a datagram from `src` came from, as its IP header said: a UD receive's GRH area.
+    /// `len` is the packet's UDP payload length, `id` its IPv4 identification.
+    fn source_of(&self, src: SocketAddr, len: usize, id: u16) -> crate::rc::DatagramSource {
+        let ip = match (src.ip(), self.local_ip) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => IpHeader::V4 {
+                src: s,
+                dst: d,
+                id,
+                dont_fragment: true,
+            },
+            (s, d) => IpHeader::V6 {
+                src: ipv6_of(s),
+                dst: ipv6_of(d),
+            },
+        };
+        crate::rc::DatagramSource {
+            ip,
+            udp_payload_len: len,
+        }
+    }
+
+    /// Hand one verified packet to its (locked) QP; `from` says where it came from (UD).
     pub(super) fn handle_packet(
         &self,
         now: u64,
         cell: &QpCell,
         body: &mut QpBody,
         pkt: &Packet<'_>,
+        from: Option<&crate::rc::DatagramSource>,
     ) {
         match &cell.srq {
             Some(s) => {
                 let mut srq = s.srq.lock().unwrap_or_else(|e| e.into_inner());
-                body.qp.handle_packet(now, pkt, &*self.mem, Some(&mut srq));
+                body.qp
+                    .handle_packet_from(now, pkt, from, &*self.mem, Some(&mut srq));
                 let fired = srq.take_limit_event().then(|| srq.id());
                 drop(srq);
                 if let Some(id) = fired {
                     s.limit_reached(id);
                 }
             }
-            None => body.qp.handle_packet(now, pkt, &*self.mem, None),
+            None => body.qp.handle_packet_from(now, pkt, from, &*self.mem, None),
         }
+    }
+}
+
+fn ipv6_of(ip: IpAddr) -> std::net::Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
     }
 }

@@ -23,7 +23,9 @@ impl Engine {
         now: u64,
         defer_acks: bool,
     ) -> Option<u64> {
-        if let Some(dst) = body.peer {
+        // A UD QP has no peer: each datagram goes where its work request says.
+        let dst = body.peer;
+        if dst.is_some() || cell.qp_type == QpType::Ud {
             // A held acknowledgement stays held through this drive's requests, and so does a
             // new one in busy-poll mode.
             let hold = defer_acks || body.held_ack.since.is_some();
@@ -50,11 +52,12 @@ impl Engine {
 
     /// Build everything the QP has ready for `dst` into its batch (sending full batches),
     /// leaving a lone positive acknowledgement queued with `hold_ack`; the caller flushes.
-    /// Returns the packets built.
+    /// Without `dst` (UD), each datagram goes where its work request says. Returns the
+    /// packets built.
     pub(super) fn build(
         &self,
         body: &mut QpBody,
-        dst: SocketAddr,
+        dst: Option<SocketAddr>,
         now: u64,
         hold_ack: bool,
     ) -> usize {
@@ -69,7 +72,6 @@ impl Engine {
         let mut answers = 0;
         let mut zero_copy = 0;
         let max = qp.max_packet_len();
-        let v4 = dst.is_ipv4();
         let mem: &MemoryTable = &self.mem;
         // Payloads lent in an earlier run are lent again (the region may have changed since).
         gather.forget_anchor();
@@ -82,12 +84,20 @@ impl Engine {
                 break;
             }
             let answer = answer && !(hold_ack && qp.holds_ack());
+            let to = match dst {
+                Some(d) => d,
+                None => match qp.next_datagram_dest() {
+                    Some(av) => self.av_dest(&av),
+                    None => break,
+                },
+            };
+            let v4 = to.is_ipv4();
             if !tx.has_room(max) {
                 self.flush(tx);
             }
             // Request and READ response payloads from memory the engine keeps alive are
             // lent, not copied: the kernel copies them from the region during the send.
-            let built = tx.push_packet_gather(dst, max, gather, |buf, g| {
+            let built = tx.push_packet_gather(to, max, gather, |buf, g| {
                 if answers < RESPONSE_BUDGET {
                     qp.poll_transmit_gather(now, mem, buf, g, hold_ack)
                 } else {
@@ -179,8 +189,8 @@ impl Engine {
 
     /// Send the QP's held acknowledgement (and whatever else it has ready) now.
     pub(super) fn release_ack(&self, body: &mut QpBody, now: u64) {
-        if let Some(dst) = body.peer {
-            self.build(body, dst, now, false);
+        if body.peer.is_some() {
+            self.build(body, body.peer, now, false);
             self.flush(&mut body.tx);
         }
         body.held_ack.note(body.qp.holds_ack(), now);
