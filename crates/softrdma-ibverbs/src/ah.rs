@@ -1,13 +1,19 @@
-//! Address handles. RC QPs take their path from `ibv_modify_qp`, so an AH only records and
-//! checks its attributes (a GRH naming an IPv4-mapped or IPv6 GID, port 1): what
-//! applications that create one for an RC connection need. UD, which would use it, is not
-//! supported.
+//! Address handles: the path to a remote port. UD work requests name their destination with
+//! one (`wr.ud.ah`); RC and UC QPs take their path from `ibv_modify_qp`, so for them an AH
+//! only records and checks its attributes. The attributes must carry a GRH naming an
+//! IPv4-mapped or IPv6 GID on port 1 (RoCE). `ibv_init_ah_from_wc` and
+//! `ibv_create_ah_from_wc` read the sender's address from the GRH area a UD receive starts
+//! with (the IPv4 header in its last 20 bytes, or the IPv6 header).
 
 use core::ffi::{c_int, c_void};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
+
+use softrdma::verbs::{self, GRH_LEN};
 
 use crate::abi::*;
 use crate::context::Shared;
+use crate::cq::IBV_WC_GRH;
 use crate::errno::{ffi_errno, ffi_ptr};
 use crate::mr::Pd;
 use crate::registry::{self, Kind};
@@ -22,7 +28,9 @@ pub struct Ah {
     /// Its attributes.
     pub attr: ibv_ah_attr,
     /// The peer it names.
-    pub peer: std::net::IpAddr,
+    pub peer: IpAddr,
+    /// The engine's address handle.
+    pub vah: verbs::Ah,
 }
 
 impl core::fmt::Debug for Ah {
@@ -31,7 +39,39 @@ impl core::fmt::Debug for Ah {
     }
 }
 
+impl Ah {
+    /// The AH behind a C pointer, if it is a live one.
+    ///
+    /// # Safety
+    /// Valid until `ibv_destroy_ah(ah)`, which the C API forbids to race with its use.
+    pub unsafe fn from_ibv<'a>(ah: *mut ibv_ah) -> Option<&'a Ah> {
+        // SAFETY: registered AH pointers point to a live Ah (C struct first).
+        registry::contains(ah, Kind::Ah).then(|| unsafe { &*ah.cast::<Ah>() })
+    }
+}
+
 static NEXT_AH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+fn create(pd: *mut ibv_pd, a: ibv_ah_attr) -> Result<*mut ibv_ah, c_int> {
+    // SAFETY: the C API forbids deallocating the PD concurrently.
+    let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+    let peer = crate::qp::peer_of(&a)?;
+    let h = Box::into_raw(Box::new(Ah {
+        ah: ibv_ah {
+            context: p.pd.context,
+            pd,
+            handle: NEXT_AH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        },
+        shared: p.shared.clone(),
+        attr: a,
+        peer,
+        vah: verbs::Ah::new(&p.vpd, peer),
+    }))
+    .cast::<ibv_ah>();
+    p.hold();
+    registry::insert(h, Kind::Ah);
+    Ok(h)
+}
 
 /// `ibv_create_ah`: NULL with errno EINVAL (bad PD, NULL attributes, no GRH, a zero GID, a
 /// port other than 1).
@@ -40,28 +80,11 @@ static NEXT_AH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new
 /// `attr` is NULL or readable.
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     ffi_ptr(|| {
-        // SAFETY: the C API forbids deallocating the PD concurrently.
-        let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
         if attr.is_null() {
             return Err(libc::EINVAL);
         }
         // SAFETY: non-NULL and readable per the contract.
-        let a = unsafe { attr.read() };
-        let peer = crate::qp::peer_of(&a)?;
-        let h = Box::into_raw(Box::new(Ah {
-            ah: ibv_ah {
-                context: p.pd.context,
-                pd,
-                handle: NEXT_AH.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            },
-            shared: p.shared.clone(),
-            attr: a,
-            peer,
-        }))
-        .cast::<ibv_ah>();
-        p.hold();
-        registry::insert(h, Kind::Ah);
-        Ok(h)
+        create(pd, unsafe { attr.read() })
     })
 }
 
@@ -83,31 +106,80 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     })
 }
 
-/// `ibv_create_ah_from_wc`: UD only; NULL with errno EINVAL (bad arguments) or EOPNOTSUPP.
+/// The address vector that answers the sender of a UD receive: its GID (from the GRH area's
+/// source address), the GRH area's hop limit and traffic class, the completion's SL, port 1.
+/// EINVAL when the completion has no GRH area (`IBV_WC_GRH` clear) or the area holds no IP
+/// header.
 ///
 /// # Safety
-/// None beyond the C API's: any pointer is accepted.
+/// `wc` is readable and `grh` points to 40 readable bytes.
+unsafe fn ah_attr_from(wc: *const ibv_wc, grh: *const c_void) -> Result<ibv_ah_attr, c_int> {
+    // SAFETY: readable per the contract.
+    let wc = unsafe { wc.read() };
+    if wc.wc_flags & IBV_WC_GRH == 0 {
+        return Err(libc::EINVAL);
+    }
+    let mut g = [0u8; GRH_LEN];
+    // SAFETY: `grh` points to GRH_LEN readable bytes per the contract; `g` is ours.
+    unsafe { core::ptr::copy_nonoverlapping(grh.cast::<u8>(), g.as_mut_ptr(), GRH_LEN) };
+    let (src, _dst) = softrdma::rc::unreliable::grh_source(&g).ok_or(libc::EINVAL)?;
+    let (hop_limit, traffic_class) = if g[20] >> 4 == 4 {
+        (g[28], g[21])
+    } else {
+        (g[7], (u16::from_be_bytes([g[0], g[1]]) >> 4) as u8)
+    };
+    let gid = match src {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    let mut a = crate::qp::empty_ah_attr();
+    a.grh.dgid = ibv_gid {
+        raw: Ipv6Addr::octets(&gid),
+    };
+    a.grh.sgid_index = 0;
+    a.grh.hop_limit = hop_limit;
+    a.grh.traffic_class = traffic_class;
+    a.grh.flow_label = 0;
+    a.dlid = wc.slid;
+    a.sl = wc.sl;
+    a.src_path_bits = wc.dlid_path_bits;
+    a.is_global = 1;
+    a.port_num = 1;
+    Ok(a)
+}
+
+/// `ibv_create_ah_from_wc`: the address handle that answers the sender of a UD receive.
+/// NULL with errno EINVAL (bad PD, NULL arguments, a completion without a GRH area, or an
+/// area that holds no IP header).
+///
+/// # Safety
+/// `wc` is NULL or readable; `grh` is NULL or points to 40 readable bytes.
 pub unsafe extern "C" fn ibv_create_ah_from_wc(
     pd: *mut ibv_pd,
     wc: *mut ibv_wc,
     grh: *mut c_void,
-    _port_num: u8,
+    port_num: u8,
 ) -> *mut ibv_ah {
     ffi_ptr(|| {
-        if !registry::contains(pd, Kind::Pd) || wc.is_null() || grh.is_null() {
+        if !registry::contains(pd, Kind::Pd) || wc.is_null() || grh.is_null() || port_num != 1 {
             return Err(libc::EINVAL);
         }
-        Err(libc::EOPNOTSUPP)
+        // SAFETY: non-NULL, readable per the contract.
+        let a = unsafe { ah_attr_from(wc, grh) }?;
+        create(pd, a)
     })
 }
 
-/// `ibv_init_ah_from_wc`: UD only; EINVAL (bad arguments) or EOPNOTSUPP.
+/// `ibv_init_ah_from_wc`: fill `ah_attr` to answer the sender of a UD receive; 0 or EINVAL
+/// (bad context, NULL arguments, a completion without a GRH area, or an area that holds no
+/// IP header).
 ///
 /// # Safety
-/// None beyond the C API's: any pointer is accepted.
+/// `wc` is NULL or readable; `grh` is NULL or points to 40 readable bytes; `ah_attr` is NULL
+/// or writable.
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
     context: *mut ibv_context,
-    _port_num: u8,
+    port_num: u8,
     wc: *mut ibv_wc,
     grh: *mut c_void,
     ah_attr: *mut ibv_ah_attr,
@@ -117,9 +189,14 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             || wc.is_null()
             || grh.is_null()
             || ah_attr.is_null()
+            || port_num != 1
         {
             return Err(libc::EINVAL);
         }
-        Err(libc::EOPNOTSUPP)
+        // SAFETY: non-NULL, readable per the contract.
+        let a = unsafe { ah_attr_from(wc, grh) }?;
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe { ah_attr.write(a) };
+        Ok(())
     })
 }

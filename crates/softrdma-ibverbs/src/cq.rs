@@ -20,6 +20,8 @@ use crate::errno::{ffi_errno, ffi_ptr, guard};
 use crate::limits;
 use crate::registry::{self, Kind};
 
+/// `IBV_WC_GRH`: the receive buffer starts with the 40-byte GRH area (UD).
+pub const IBV_WC_GRH: u32 = 1;
 /// `IBV_WC_WITH_IMM`.
 pub const IBV_WC_WITH_IMM: u32 = 1 << 1;
 /// `IBV_WC_WITH_INV`.
@@ -196,6 +198,9 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
     } else if let Some(rkey) = w.invalidated_rkey {
         wc.imm_data = rkey;
         wc.wc_flags |= IBV_WC_WITH_INV;
+    }
+    if w.grh {
+        wc.wc_flags |= IBV_WC_GRH;
     }
     wc
 }

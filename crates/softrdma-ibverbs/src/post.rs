@@ -7,7 +7,9 @@
 //! Keys in SGEs are checked when the request executes, as rxe does: a bad lkey completes the
 //! request with `IBV_WC_LOC_PROT_ERR` (and moves the QP to the error state); the post itself
 //! succeeds. `IBV_SEND_INLINE` copies the payload at post time (the SGEs' keys are ignored).
-//! `imm_data` is taken in network byte order (verbs.h's `__be32`).
+//! `imm_data` is taken in network byte order (verbs.h's `__be32`). On a UD QP, `wr.ud` names
+//! the destination (a live address handle of the same context, else EINVAL); the payload is
+//! at most the port's active MTU (else EINVAL).
 
 use core::ffi::c_int;
 
@@ -16,6 +18,7 @@ use softrdma::rc::MAX_SGE;
 use softrdma::verbs::{PostBatch, RecvWr, SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;
+use crate::ah::Ah;
 use crate::errno::{PANIC_ERRNO, guard};
 use crate::mr::Mr;
 use crate::mw::Mw;
@@ -149,6 +152,16 @@ fn post_one(
         inline_data: None,
         ud: None,
     };
+    if q.qp_type == crate::qp::IBV_QPT_UD {
+        // SAFETY: on a UD QP `wr.ud` is the meaningful variant (plain data).
+        let ud = unsafe { w.wr.ud };
+        // SAFETY: registry-checked; the C API forbids destroying an AH a posted WR names.
+        let ah = unsafe { Ah::from_ibv(ud.ah) }.ok_or(libc::EINVAL)?;
+        if !std::sync::Arc::ptr_eq(&ah.shared, &q.shared) {
+            return Err(libc::EINVAL);
+        }
+        wr.ud = Some(ah.vah.dest(ud.remote_qpn, ud.remote_qkey));
+    }
     if flags.contains(SendFlags::INLINE) && opcode.carries_payload() {
         gather(sg, q.cap.max_inline_data, inline)?;
         wr.sg_list = &[];

@@ -1,10 +1,11 @@
-//! Queue pairs: create, modify, query, destroy (RC only), over `softrdma::verbs::Qp`.
+//! Queue pairs: create, modify, query, destroy (RC, UC and UD), over `softrdma::verbs::Qp`.
 //!
-//! The address vector of `ibv_modify_qp` (INIT→RTR, `IBV_QP_AV`) is the peer's GID in
-//! `ah_attr.grh.dgid`: an IPv4-mapped GID names the peer's address, which becomes the engine's
-//! path (`Qp::av_for`). RoCE needs the GRH, so `is_global = 0` is EINVAL. A path MTU above
-//! the port's active MTU is lowered to it (as rxe does). The first error completion of a QP
-//! (other than a flush) also reports `IBV_EVENT_QP_FATAL` on the async fd.
+//! The address vector of `ibv_modify_qp` (INIT→RTR, `IBV_QP_AV`; RC and UC) is the peer's
+//! GID in `ah_attr.grh.dgid`: an IPv4-mapped GID names the peer's address, which becomes the
+//! engine's path (`Qp::av_for`). RoCE needs the GRH, so `is_global = 0` is EINVAL. A path MTU
+//! above the port's active MTU is lowered to it (as rxe does). UD QPs take `IBV_QP_QKEY` and
+//! name each destination in the work request (an address handle). The first error
+//! completion of a QP (other than a flush) also reports `IBV_EVENT_QP_FATAL` on the async fd.
 
 use core::ffi::c_int;
 use std::collections::HashMap;
@@ -59,6 +60,8 @@ pub struct Qp {
     pub cap: ibv_qp_cap,
     /// `sq_sig_all`.
     pub sq_sig_all: c_int,
+    /// `IBV_QPT_RC`, `IBV_QPT_UC` or `IBV_QPT_UD`.
+    pub qp_type: c_int,
     /// The last address vector given (for `ibv_query_qp`).
     ah_attr: Mutex<Option<ibv_ah_attr>>,
     /// `IBV_EVENT_QP_FATAL` was reported.
@@ -147,8 +150,8 @@ fn live_cq<'a>(cq: *mut ibv_cq, shared: &Arc<Shared>) -> Result<&'a Cq, c_int> {
     }
 }
 
-/// `ibv_create_qp`: an RC QP. NULL with errno EINVAL (bad PD, NULL attributes, foreign CQs
-/// or SRQ, capacities out of range), EOPNOTSUPP (UC, UD, raw packet and XRC QPs).
+/// `ibv_create_qp`: an RC, UC or UD QP. NULL with errno EINVAL (bad PD, NULL attributes,
+/// foreign CQs or SRQ, capacities out of range), EOPNOTSUPP (raw packet and XRC QPs).
 /// `qp_init_attr->cap` receives the capacities granted.
 ///
 /// # Safety
@@ -165,12 +168,15 @@ pub unsafe extern "C" fn ibv_create_qp(
         }
         // SAFETY: non-NULL and readable per the contract.
         let a = unsafe { qp_init_attr.read() };
-        match a.qp_type {
-            IBV_QPT_RC => {}
-            IBV_QPT_UC | IBV_QPT_UD | IBV_QPT_RAW_PACKET | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV
-            | IBV_QPT_DRIVER => return Err(libc::EOPNOTSUPP),
+        let qp_type = match a.qp_type {
+            IBV_QPT_RC => verbs::QpType::Rc,
+            IBV_QPT_UC => verbs::QpType::Uc,
+            IBV_QPT_UD => verbs::QpType::Ud,
+            IBV_QPT_RAW_PACKET | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV | IBV_QPT_DRIVER => {
+                return Err(libc::EOPNOTSUPP);
+            }
             _ => return Err(libc::EINVAL),
-        }
+        };
         let send_cq = live_cq(a.send_cq, &p.shared)?;
         let recv_cq = live_cq(a.recv_cq, &p.shared)?;
         let srq = if a.srq.is_null() {
@@ -214,7 +220,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             srq: srq.map(|s| s.vsrq.clone()),
             cap,
             sq_sig_all: a.sq_sig_all != 0,
-            qp_type: verbs::QpType::Rc,
+            qp_type,
         };
         let vqp = p.vpd.create_qp(&init).map_err(|e| e.errno())?;
         let granted = ibv_qp_cap {
@@ -236,7 +242,7 @@ pub unsafe extern "C" fn ibv_create_qp(
                 handle: qpn,
                 qp_num: qpn,
                 state: QpState::Reset as c_int,
-                qp_type: IBV_QPT_RC,
+                qp_type: a.qp_type,
                 mutex: libc::PTHREAD_MUTEX_INITIALIZER,
                 cond: libc::PTHREAD_COND_INITIALIZER,
                 events_completed: 0,
@@ -245,6 +251,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             vqp,
             cap: granted,
             sq_sig_all: a.sq_sig_all,
+            qp_type: a.qp_type,
             ah_attr: Mutex::new(None),
             fatal_reported: AtomicBool::new(false),
         }))
@@ -337,7 +344,7 @@ pub fn peer_of(ah: &ibv_ah_attr) -> Result<IpAddr, c_int> {
 }
 
 /// `ibv_modify_qp`: 0 or errno (EINVAL: not a live QP, NULL attributes, a transition or
-/// attribute the RC state machine refuses, an unusable address vector).
+/// attribute the state machine of the QP's type refuses, an unusable address vector).
 ///
 /// # Safety
 /// `attr` is NULL or readable.
@@ -407,6 +414,9 @@ pub unsafe extern "C" fn ibv_modify_qp(
         if m.contains(QpAttrMask::DEST_QPN) {
             v.dest_qp_num = a.dest_qp_num;
         }
+        if m.contains(QpAttrMask::QKEY) {
+            v.qkey = a.qkey;
+        }
         if m.contains(QpAttrMask::AV) {
             let peer = peer_of(&a.ah_attr)?;
             v.av = Some(q.vqp.av_for(peer));
@@ -451,7 +461,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             cur_qp_state: state as c_int,
             path_mtu: a.path_mtu as c_int,
             path_mig_state: 0, // IBV_MIG_MIGRATED: no alternate path
-            qkey: 0,
+            qkey: a.qkey,
             rq_psn: a.rq_psn,
             sq_psn: a.sq_psn,
             dest_qp_num: a.dest_qp_num,
@@ -480,7 +490,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             recv_cq: q.qp.recv_cq,
             srq: q.qp.srq,
             cap: q.cap,
-            qp_type: IBV_QPT_RC,
+            qp_type: q.qp_type,
             sq_sig_all: q.sq_sig_all,
         };
         // SAFETY: both non-NULL and writable per the contract.

@@ -161,6 +161,65 @@ fn rc_pingpong_transfers() {
     }
 }
 
+/// `ibv_ud_pingpong` and `ibv_uc_pingpong` (unmodified) between two processes: UD datagrams
+/// of up to the MTU minus the GRH area (the tool's own limit), UC messages of 1 B to 64 KiB,
+/// polling and event mode.
+#[test]
+fn ud_and_uc_pingpong_transfer() {
+    let ips = ("127.0.0.14", "127.0.0.13");
+    let mut port = 18640;
+    for (tool_name, size) in [
+        ("ibv_ud_pingpong", "1"),
+        ("ibv_ud_pingpong", "2048"),
+        ("ibv_uc_pingpong", "1"),
+        ("ibv_uc_pingpong", "65536"),
+    ] {
+        for event in [false, true] {
+            let mut args = vec!["-g", "0", "-s", size, "-n", "200"];
+            if event {
+                args.push("-e");
+            }
+            let (server, client) = server_client(tool_name, ips, &args, port);
+            port += 1;
+            let bytes = format!("{} bytes in", 2 * 200 * size.parse::<u64>().unwrap());
+            for (who, out) in [("server", &server), ("client", &client)] {
+                assert!(
+                    out.contains(&bytes) && out.contains("200 iters in"),
+                    "{tool_name} {args:?} {who}: no transfer report:\n{out}"
+                );
+            }
+        }
+    }
+}
+
+/// perftest over UD and UC (`-c UD`, `-c UC`): SEND bandwidth and latency on UD, WRITE and
+/// SEND bandwidth on UC.
+#[test]
+fn perftest_ud_and_uc_runs() {
+    let ips = ("127.0.0.24", "127.0.0.23");
+    let runs: &[(&str, &[&str], &str)] = &[
+        ("ib_send_bw", &["-c", "UD", "-n", "500"], "BW average"),
+        ("ib_send_lat", &["-c", "UD", "-n", "500"], "t_avg"),
+        ("ib_write_bw", &["-c", "UC", "-n", "500"], "BW average"),
+        ("ib_send_bw", &["-c", "UC", "-n", "500"], "BW average"),
+    ];
+    for (i, (t, extra, header)) in runs.iter().enumerate() {
+        let mut args = vec!["-x", "0"];
+        args.extend_from_slice(extra);
+        let (_, client) = server_client(t, ips, &args, 18660 + i as u16);
+        let row = client
+            .lines()
+            .skip_while(|l| !l.contains(header))
+            .nth(1)
+            .unwrap_or("");
+        let n = row.split_whitespace().nth(1);
+        assert!(
+            n == Some("500") || n == Some("1000"),
+            "{t} {extra:?}: no result row:\n{client}"
+        );
+    }
+}
+
 /// Acceptance 3: perftest with its defaults (TCP exchange, `-x 0`); every run prints its
 /// table.
 #[test]

@@ -49,7 +49,9 @@ fn ud_datagrams_carry_the_grh_area_and_obey_the_q_key() {
         let b = side([127, 0, 0, 2], port, mode, QpType::Ud);
         a.qp.ready_ud(QKEY, random_psn()).unwrap();
         b.qp.ready_ud(QKEY, random_psn()).unwrap();
-        let rbuf = b.pd.reg_buffer(vec![0u8; 4096], Access::LOCAL_WRITE).unwrap();
+        let rbuf =
+            b.pd.reg_buffer(vec![0u8; 4096], Access::LOCAL_WRITE)
+                .unwrap();
         for i in 0..4u64 {
             b.qp.post_recv(&RecvWr {
                 wr_id: 100 + i,
@@ -58,7 +60,9 @@ fn ud_datagrams_carry_the_grh_area_and_obey_the_q_key() {
             .unwrap();
         }
         let payload: Vec<u8> = (0..900).map(|i| (i * 7 % 253) as u8).collect();
-        let smr = a.pd.reg_buffer(payload.clone(), Access::LOCAL_WRITE).unwrap();
+        let smr =
+            a.pd.reg_buffer(payload.clone(), Access::LOCAL_WRITE)
+                .unwrap();
         let ah = Ah::new(&a.pd, b.dev.addr());
         let sge = [smr.sge(0, 900)];
         // Right Q_Key, with immediate.
@@ -88,7 +92,10 @@ fn ud_datagrams_carry_the_grh_area_and_obey_the_q_key() {
         assert_eq!(&grh[32..36], &[127, 0, 0, 1]);
         assert_eq!(&grh[36..40], &[127, 0, 0, 2]);
         // UDP length = 8 + BTH 12 + DETH 8 + ImmDt 4 + 900 + ICRC 4; IP adds 20.
-        assert_eq!(u16::from_be_bytes([grh[22], grh[23]]), 20 + 8 + 12 + 8 + 4 + 900 + 4);
+        assert_eq!(
+            u16::from_be_bytes([grh[22], grh[23]]),
+            20 + 8 + 12 + 8 + 4 + 900 + 4
+        );
 
         // A wrong Q_Key is dropped and counted; the receive stays posted.
         let wr = SendWr::new(2, WrOpcode::Send)
@@ -111,13 +118,17 @@ fn ud_datagrams_carry_the_grh_area_and_obey_the_q_key() {
         // The sender's address handle from the GRH area answers it.
         let back = Ah::from_grh(&b.pd, &grh).expect("an IPv4 GRH area");
         assert_eq!(back.remote().ip(), a.dev.addr());
-        let rb = a.pd.reg_buffer(vec![0u8; 1024], Access::LOCAL_WRITE).unwrap();
+        let rb =
+            a.pd.reg_buffer(vec![0u8; 1024], Access::LOCAL_WRITE)
+                .unwrap();
         a.qp.post_recv(&RecvWr {
             wr_id: 9,
             sg_list: &[rb.sge(0, 1024)],
         })
         .unwrap();
-        let reply = b.pd.reg_buffer(vec![0xabu8; 16], Access::LOCAL_WRITE).unwrap();
+        let reply =
+            b.pd.reg_buffer(vec![0xabu8; 16], Access::LOCAL_WRITE)
+                .unwrap();
         let sge2 = [reply.sge(0, 16)];
         b.qp.post_send(
             &SendWr::new(4, WrOpcode::Send)
@@ -138,13 +149,14 @@ fn ud_refuses_oversize_posts_and_drops_what_finds_no_receive() {
     let b = side([127, 0, 0, 2], 25793, PollMode::Blocking, QpType::Ud);
     a.qp.ready_ud(QKEY, 0).unwrap();
     b.qp.ready_ud(QKEY, 0).unwrap();
-    let smr = a.pd.reg_buffer(vec![1u8; 2048], Access::LOCAL_WRITE).unwrap();
+    let smr =
+        a.pd.reg_buffer(vec![1u8; 2048], Access::LOCAL_WRITE)
+            .unwrap();
     let ah = Ah::new(&a.pd, b.dev.addr());
     // One byte over the MTU (1024): refused at post time, nothing queued.
     let big = [smr.sge(0, 1025)];
-    let e = a
-        .qp
-        .post_send(
+    let e =
+        a.qp.post_send(
             &SendWr::new(1, WrOpcode::Send)
                 .sg(&big)
                 .ud(ah.dest(b.qp.qp_num(), QKEY)),
@@ -153,7 +165,10 @@ fn ud_refuses_oversize_posts_and_drops_what_finds_no_receive() {
     assert_eq!(e.errno(), libc::EINVAL);
     // No destination on a UD QP: refused.
     let ok = [smr.sge(0, 1024)];
-    assert!(a.qp.post_send(&SendWr::new(2, WrOpcode::Send).sg(&ok)).is_err());
+    assert!(
+        a.qp.post_send(&SendWr::new(2, WrOpcode::Send).sg(&ok))
+            .is_err()
+    );
     // READ on UD: refused.
     let rd = SendWr::new(
         3,
@@ -178,7 +193,9 @@ fn ud_refuses_oversize_posts_and_drops_what_finds_no_receive() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(b.qp.counters().unrel.no_recv_drops, 3);
     // A receive too short for GRH + payload: the datagram is dropped, the receive kept.
-    let rbuf = b.pd.reg_buffer(vec![0u8; 2048], Access::LOCAL_WRITE).unwrap();
+    let rbuf =
+        b.pd.reg_buffer(vec![0u8; 2048], Access::LOCAL_WRITE)
+            .unwrap();
     b.qp.post_recv(&RecvWr {
         wr_id: 50,
         sg_list: &[rbuf.sge(0, 1024)],
@@ -234,7 +251,9 @@ fn uc_send_and_write_with_immediate() {
         let dmr =
             b.pd.reg_buffer(vec![0u8; len], Access::LOCAL_WRITE | Access::REMOTE_WRITE)
                 .unwrap();
-        let rbuf = b.pd.reg_buffer(vec![0u8; len], Access::LOCAL_WRITE).unwrap();
+        let rbuf =
+            b.pd.reg_buffer(vec![0u8; len], Access::LOCAL_WRITE)
+                .unwrap();
         for i in 0..2 {
             b.qp.post_recv(&RecvWr {
                 wr_id: 70 + i,
@@ -266,7 +285,10 @@ fn uc_send_and_write_with_immediate() {
         );
         assert_eq!(dmr.to_vec().unwrap(), src);
         let r = one(&b.cq);
-        assert_eq!((r.wr_id, r.opcode, r.byte_len), (71, WcOpcode::Recv, len as u32));
+        assert_eq!(
+            (r.wr_id, r.opcode, r.byte_len),
+            (71, WcOpcode::Recv, len as u32)
+        );
         assert_eq!(rbuf.to_vec().unwrap(), src);
         // READ does not exist on UC.
         let rd = SendWr::new(
