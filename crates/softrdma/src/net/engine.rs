@@ -30,7 +30,7 @@ use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
 use crate::rc::requester::LEND_MAX_PIECES;
 use crate::rc::{Gather, Qp, QpType, Srq};
-use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDelta, IpHeader, Packet};
+use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDeltas, IpHeader, Packet};
 
 mod receive;
 mod teardown;
@@ -107,7 +107,7 @@ pub struct QpBody {
     tx: TxBatch,
     /// Payload lent for the packet being built (moves into `tx`).
     gather: Gather,
-    deltas: Vec<IdDelta>,
+    deltas: IdDeltas,
     held_ack: HeldAck,
     /// In the engine's pending-transmit queue: answers are left over from a drive that spent
     /// its budget (see [`RESPONSE_BUDGET`]).
@@ -277,7 +277,7 @@ impl QpCell {
                 peer_src_port: None,
                 tx: qp_tx_batch(max),
                 gather: Gather::with_capacity(LEND_MAX_PIECES),
-                deltas: Vec::with_capacity(4),
+                deltas: IdDeltas::default(),
                 held_ack: HeldAck::default(),
                 tx_queued: false,
             }),
@@ -324,7 +324,7 @@ struct RxState {
 
 /// What the receive path keeps between packets.
 struct RxWork {
-    deltas: Vec<IdDelta>,
+    deltas: IdDeltas,
     /// The ICRC headers of the last sender seen (most datagrams come from the same peer).
     icrc: Option<(SocketAddr, IcrcPrefix)>,
     /// QPs holding an acknowledgement back (until the end of a receive batch; in busy-poll
@@ -461,7 +461,7 @@ impl Engine {
             rx: Mutex::new(RxState {
                 batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
                 work: RxWork {
-                    deltas: Vec::new(),
+                    deltas: IdDeltas::default(),
                     icrc: None,
                     pending: Vec::with_capacity(64),
                     pending_due: u64::MAX,

@@ -533,6 +533,31 @@ fn finish(
     Ok(h.finalize())
 }
 
+/// The identification deltas ([`IdDelta`]) of the last few packet lengths seen: senders use
+/// few lengths (full MTU packets, a last one, acknowledgements), and a basis costs 16 CRCs.
+#[derive(Debug, Default)]
+pub struct IdDeltas(Vec<IdDelta>);
+
+impl IdDeltas {
+    /// Bases kept at most.
+    const KEEP: usize = 8;
+
+    /// The basis for packets whose ICRC covers `body_len` bytes after the IP header.
+    pub fn for_len(&mut self, body_len: usize) -> &IdDelta {
+        let v = &mut self.0;
+        match v.iter().position(|d| d.body_len() == body_len) {
+            Some(i) => &v[i],
+            None => {
+                if v.len() >= Self::KEEP {
+                    v.remove(0);
+                }
+                v.push(IdDelta::new(body_len));
+                &v[v.len() - 1]
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

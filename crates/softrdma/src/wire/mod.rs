@@ -28,7 +28,7 @@ pub use atomic_eth::{AtomicEth, AtomicEthRepr};
 pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
 pub use feth::{Feth, FethRepr};
-pub use icrc::{Icrc, IcrcContext, IcrcPrefix, IdDelta, IpHeader};
+pub use icrc::{Icrc, IcrcContext, IcrcPrefix, IdDelta, IdDeltas, IpHeader};
 pub use immdt::ImmDt;
 pub use opcode::{Headers, OpKind, Opcode, OpcodeInfo, Position, Transport};
 pub use packet::{HeaderRepr, Packet};

@@ -299,6 +299,34 @@ impl<'a> Packet<'a> {
         Ok(p)
     }
 
+    /// Parse a received segment and verify its ICRC when the IPv4 identification its sender
+    /// used is not known in advance (a UDP socket does not see it): first with `id`, the one
+    /// expected (softrdma senders use 0 for a lone packet and k for the k-th segment of a GSO
+    /// datagram), a full 32-bit check; then, for IPv4, by solving for the identification
+    /// that makes the carried ICRC right (third-party senders such as Linux rxe number their
+    /// datagrams), which leaves 16 check bits. `base` holds the covered headers with
+    /// identification 0. Returns the packet, the identification, and whether it was solved.
+    pub fn parse_verified_solving(
+        base: &super::IcrcPrefix,
+        id: u16,
+        buf: &'a [u8],
+        deltas: &mut super::IdDeltas,
+    ) -> Result<(Packet<'a>, u16, bool)> {
+        let ctx = base.with_id(id);
+        let v4 = matches!(ctx.context().ip, super::IpHeader::V4 { .. });
+        match Packet::parse_verified(&ctx, buf) {
+            Ok(p) => Ok((p, if v4 { id } else { 0 }, false)),
+            Err(Error::BadIcrc { carried, computed }) if v4 => {
+                let d = deltas.for_len(buf.len() - ICRC_LEN);
+                match d.solve(computed ^ d.delta(id), carried) {
+                    Some(solved) => Ok((Packet::parse(buf)?, solved, true)),
+                    None => Err(Error::BadIcrc { carried, computed }),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Length of the UDP payload this packet emits to.
     pub fn buffer_len(&self) -> usize {
         udp_payload_len(&self.hdr, self.payload.len())

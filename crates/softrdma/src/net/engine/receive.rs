@@ -1,7 +1,6 @@
 //! The receive side of the engine: progress calls, batches of datagrams from the socket, ICRC
 //! verification (with IPv4-identification solving), demultiplexing to QPs and the peer check.
 
-use super::transmit::delta_for;
 use super::*;
 
 impl Engine {
@@ -130,11 +129,10 @@ impl Engine {
         done
     }
 
-    /// Verify a received packet's ICRC. The IPv4 identification is not visible to a UDP
-    /// socket; softrdma senders use 0 for a lone packet and k for the k-th segment of a GSO
-    /// datagram, so that is tried first (a full 32-bit check). Otherwise (a third-party sender
-    /// such as Linux rxe, which numbers its datagrams) the identification is solved for, which
-    /// leaves 16 check bits; such packets are counted in `rx_icrc_solved`.
+    /// Verify a received packet's ICRC ([`Packet::parse_verified_solving`]): softrdma senders
+    /// use identification 0 for a lone packet and k for the k-th segment of a GSO datagram,
+    /// tried first (a full 32-bit check); a third-party sender's (Linux rxe numbers its
+    /// datagrams) is solved for, leaving 16 check bits, and counted in `rx_icrc_solved`.
     ///
     /// Returns the packet with the IPv4 identification its ICRC was computed with (0 for
     /// IPv6).
@@ -143,10 +141,9 @@ impl Engine {
         src: SocketAddr,
         k: usize,
         seg: &'a [u8],
-        deltas: &mut Vec<IdDelta>,
+        deltas: &mut IdDeltas,
         prefix: &mut Option<(SocketAddr, IcrcPrefix)>,
     ) -> Option<(Packet<'a>, u16)> {
-        let id = (k & 0xffff) as u16;
         // The covered headers of the last sender's packets, computed once per sender.
         let base = match prefix {
             Some((s, p)) if *s == src => *p,
@@ -173,21 +170,18 @@ impl Engine {
                 p
             }
         };
-        let ctx = base.with_id(id);
-        let v4 = matches!(ctx.context().ip, IpHeader::V4 { .. });
-        match Packet::parse_verified(&ctx, seg) {
-            Ok(p) => return Some((p, if v4 { id } else { 0 })),
-            Err(crate::wire::Error::BadIcrc { carried, computed }) if v4 => {
-                let d = delta_for(deltas, seg.len() - ICRC_LEN);
-                if let Some(solved) = d.solve(computed ^ d.delta(id), carried) {
+        match Packet::parse_verified_solving(&base, (k & 0xffff) as u16, seg, deltas) {
+            Ok((p, id, solved)) => {
+                if solved {
                     self.counters.rx_icrc_solved.fetch_add(1, Ordering::Relaxed);
-                    return Packet::parse(seg).ok().map(|p| (p, solved));
                 }
+                Some((p, id))
             }
-            Err(_) => {}
+            Err(_) => {
+                self.counters.rx_bad.fetch_add(1, Ordering::Relaxed);
+                None
+            }
         }
-        self.counters.rx_bad.fetch_add(1, Ordering::Relaxed);
-        None
     }
 
     /// Handle the packets of one received datagram; returns how many it held. Its segments

@@ -270,26 +270,15 @@ impl Engine {
     }
 }
 
-pub(super) fn delta_for(deltas: &mut Vec<IdDelta>, body_len: usize) -> &IdDelta {
-    if let Some(i) = deltas.iter().position(|d| d.body_len() == body_len) {
-        return &deltas[i];
-    }
-    if deltas.len() >= 8 {
-        deltas.remove(0);
-    }
-    deltas.push(IdDelta::new(body_len));
-    deltas.last().expect("just pushed")
-}
-
 /// Give a packet of `wire` bytes (a whole UDP payload) the ICRC for IPv4 identification
 /// `id`; `pkt` holds its last bytes, the ICRC among them (the packet's bytes in the transmit
 /// arena: all of them, or the tail behind a lent payload).
-pub(super) fn fix_icrc_for_id(deltas: &mut Vec<IdDelta>, pkt: &mut [u8], wire: usize, id: u16) {
+pub(super) fn fix_icrc_for_id(deltas: &mut IdDeltas, pkt: &mut [u8], wire: usize, id: u16) {
     let n = pkt.len();
     if n < ICRC_LEN || wire < n {
         return;
     }
-    let d = delta_for(deltas, wire - ICRC_LEN).delta(id);
+    let d = deltas.for_len(wire - ICRC_LEN).delta(id);
     let mut c = [0u8; 4];
     c.copy_from_slice(&pkt[n - ICRC_LEN..]);
     let icrc = u32::from_le_bytes(c) ^ d;
