@@ -80,6 +80,10 @@ fn setsockopt_int(
     }
 }
 
+/// How long a send waits for room in a full socket send buffer before it drops the batch
+/// (milliseconds).
+const SEND_ROOM_WAIT_MS: i32 = 10;
+
 impl UdpPort {
     /// Bind to `addr` (port 4791 for RoCEv2; 0 picks a free port, for tests and baselines).
     pub fn bind(addr: SocketAddr, opts: PortOptions) -> io::Result<UdpPort> {
@@ -175,6 +179,12 @@ impl UdpPort {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
+                // The socket's send buffer is full (the path is slower than the sender): wait
+                // for room a little, as a NIC's send queue waits for the wire, rather than drop
+                // what UC and UD would never send again.
+                if e.kind() == io::ErrorKind::WouldBlock && self.wait_writable(SEND_ROOM_WAIT_MS) {
+                    continue;
+                }
                 batch.clear();
                 return Err(e);
             }
@@ -182,6 +192,18 @@ impl UdpPort {
         }
         batch.clear();
         Ok(total)
+    }
+
+    /// Wait up to `ms` milliseconds for room in the socket's send buffer.
+    fn wait_writable(&self, ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, owned by this frame, for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        r == 1 && p.revents & libc::POLLOUT != 0
     }
 
     /// Receive up to the batch's capacity of datagrams with one `recvmmsg`: waits (in blocking
