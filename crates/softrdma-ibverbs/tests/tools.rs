@@ -220,6 +220,75 @@ fn perftest_ud_and_uc_runs() {
     }
 }
 
+/// UD and UC bandwidth tests of perftest end under 3 % loss between two processes: nftables
+/// drops RoCEv2 datagrams at random in a network namespace of the test's own (`unshare -n`),
+/// the tests run for a duration (`-D 2`: UD and UC resend nothing, so they count what arrived)
+/// and both sides exit 0 with a result row; the drop counter proves the loss happened.
+#[test]
+fn perftest_ud_and_uc_end_under_loss() {
+    let lib = lib_dir().display().to_string();
+    let dir = std::env::temp_dir().join(format!("softrdma-udloss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let script = format!(
+        r#"set -e
+ip link set lo up
+nft add table inet loss
+nft add chain inet loss in '{{ type filter hook input priority 0; }}'
+nft add rule inet loss in udp dport 4791 numgen random mod 100 '<' 3 counter drop
+port=18700
+for t in "ib_send_bw -c UD -s 1024" "ib_send_bw -c UC" "ib_write_bw -c UC"; do
+    port=$((port + 1))
+    run() {{ env LD_LIBRARY_PATH={lib} SOFTRDMA_PIN=on-demand SOFTRDMA_DEVICES=softrdma0=$1 \
+        timeout 40 $t -d softrdma0 -x 0 -D 2 -p $port $2; }}
+    run 127.0.0.1 "" >{d}/server.log 2>&1 &
+    spid=$!
+    for i in $(seq 100); do ss -ltn | grep -q ":$port " && break; sleep 0.1; done
+    run 127.0.0.2 127.0.0.1 >{d}/client.log 2>&1 || {{ echo "CLIENT FAILED: $t"; cat {d}/client.log; exit 1; }}
+    wait $spid || {{ echo "SERVER FAILED: $t"; cat {d}/server.log; exit 1; }}
+    echo "== $t"
+    grep -A1 'BW average' {d}/server.log | tail -1 | sed 's/^/server /'
+    grep -A1 'BW average' {d}/client.log | tail -1 | sed 's/^/client /'
+done
+nft list ruleset | grep -o 'packets [0-9]*'
+"#
+    );
+    let out = Command::new("timeout")
+        .args(["180", "unshare", "-n", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(
+        out.status.success(),
+        "UD/UC perftest under loss failed:\n{text}"
+    );
+    let rows = text
+        .lines()
+        .filter(|l| l.starts_with("server ") || l.starts_with("client "))
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(2)
+                .is_some_and(|n| n.parse::<u64>().is_ok_and(|k| k > 0))
+        })
+        .count();
+    assert_eq!(
+        rows, 6,
+        "every run prints a result row with iterations:\n{text}"
+    );
+    let dropped: u64 = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("packets "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum();
+    assert!(dropped > 0, "no datagram was dropped:\n{text}");
+}
+
 /// Acceptance 3: perftest with its defaults (TCP exchange, `-x 0`); every run prints its
 /// table.
 #[test]
