@@ -83,6 +83,9 @@ pub struct EngineCounters {
     pub thread_receives: AtomicU64,
     /// Scans of the QPs' timers (each reads every QP's published deadline).
     pub timer_scans: AtomicU64,
+    /// Busy-poll mode: times the engine thread found datagrams nobody had polled for and
+    /// began watching the socket for an application that waits by spinning on memory.
+    pub spinner_watches: AtomicU64,
     /// QPs ended by an access violation: moved to the error state because a region they used
     /// was invalidated, or because their own access met an invalidated key or vanished memory
     /// (one `AsyncEvent::QpAccessError` each).
@@ -354,6 +357,10 @@ pub struct Engine {
     stop: AtomicBool,
     /// When a CQ poller last drove progress (engine clock), for busy-poll mode.
     last_poll: AtomicU64,
+    /// When an application thread last called a progress verb (polled a CQ), not counting
+    /// posts (engine clock): an application that posts and then waits by spinning on memory
+    /// (a WRITE landing) calls none.
+    last_progress: AtomicU64,
     /// Wakes the engine thread: a timer that active pollers keep pushing into the future
     /// (busy-poll mode), so that it fires only once they have gone quiet; `stop` fires it
     /// at once.
@@ -415,6 +422,15 @@ const WAKER_DELAY: u64 = 5_000_000;
 /// receive path (inside a long receive).
 const ENGINE_RETRY: u64 = 2_000_000;
 
+/// Busy-poll mode, once the engine thread has found packets nobody polled for (the
+/// application waits by spinning on memory, as `ib_write_lat` does): the thread watches the
+/// socket and takes a datagram when no application thread has polled a CQ for this long (ns).
+const SPINNER_GRACE: u64 = 30_000;
+
+/// Wake-ups for a datagram a poller took after all, in a row, after which the engine thread
+/// stops watching the socket for memory-spinning applications (the pollers receive again).
+const SPINNER_SKIPS: u32 = 16;
+
 /// After a scan of the QPs' timers, the next waits at least this long per QP of the device
 /// (ns).
 const TIMER_SLACK_PER_QP: u64 = 50;
@@ -474,6 +490,7 @@ impl Engine {
             gso,
             stop: AtomicBool::new(false),
             last_poll: AtomicU64::new(0),
+            last_progress: AtomicU64::new(0),
             waker,
             waker_armed: AtomicU64::new(0),
             kick,

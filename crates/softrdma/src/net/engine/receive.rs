@@ -20,6 +20,7 @@ impl Engine {
         let now = self.now();
         if active {
             self.poller_active(now);
+            self.last_progress.store(now, Ordering::Relaxed);
         }
         if self.has_pending_transmit() {
             self.serve_pending_transmit();

@@ -183,6 +183,15 @@ impl Engine {
         // Pollers had gone quiet but the receive path was taken: nobody may push the waker
         // again, so the next wait is short.
         let mut retry = false;
+        // Busy-poll mode: this thread found datagrams nobody had polled for (the application
+        // waits without calling verbs, spinning on memory for a WRITE): it watches the socket
+        // and takes what pollers leave for SPINNER_GRACE, until SPINNER_SKIPS wake-ups in a
+        // row find pollers taking the datagrams again.
+        let mut spinner = false;
+        let mut skips = 0u32;
+        // The last wake-up for the socket found a poller polling: the next wait leaves the
+        // socket alone for SPINNER_GRACE (it stays readable until the poller takes it).
+        let mut nap = false;
         while !self.stop.load(Ordering::Acquire) {
             self.tear_down_users();
             // The scan of every QP's timers runs only once the earliest deadline is due (drives
@@ -206,18 +215,21 @@ impl Engine {
             let watch_socket = match self.mode {
                 PollMode::Blocking => true,
                 PollMode::BusyPoll => {
-                    !woken_for_nothing
-                        && now.saturating_sub(self.last_poll.load(Ordering::Relaxed))
-                            > POLLER_ACTIVE
+                    (spinner && !nap)
+                        || (!woken_for_nothing
+                            && now.saturating_sub(self.last_poll.load(Ordering::Relaxed))
+                                > POLLER_ACTIVE)
                 }
             };
             // While pollers are active they fire timers themselves, and keep pushing the
             // waker back: the thread sleeps until they have gone quiet (or `stop`).
             let wait = match (watch_socket, retry) {
                 (true, _) => wait,
+                (false, _) if nap => SPINNER_GRACE,
                 (false, true) => ENGINE_RETRY,
                 (false, false) => IDLE,
             };
+            nap = false;
             // While this thread keeps the timers (it watches the socket), a timer armed
             // before it would wake kicks it; one armed between reading the deadline above and
             // this is seen here.
@@ -268,19 +280,43 @@ impl Engine {
             // busy-poll mode once pollers have gone quiet (competing with an active poller
             // only adds lock hand-offs and reorders nothing for the better).
             let pollers_quiet = self.pollers_quiet();
+            // A memory-spinning application: the datagram is this thread's once no poller has
+            // polled a CQ for SPINNER_GRACE (one polling now takes it itself).
+            let spinner_turn = spinner
+                && ready
+                && self
+                    .now()
+                    .saturating_sub(self.last_progress.load(Ordering::Relaxed))
+                    > SPINNER_GRACE;
+            if spinner && ready && !spinner_turn && !pollers_quiet {
+                skips += 1;
+                spinner = skips < SPINNER_SKIPS;
+                nap = true;
+            }
             // While pollers are active they hold the receive path (and send held ACKs when
             // due); this thread keeps off the receive lock, so that being preempted while
             // holding it can never stall them.
             woken_for_nothing = false;
             retry = false;
-            match self.thread_rx(pollers_quiet) {
+            match self.thread_rx(pollers_quiet || spinner_turn) {
                 Some(mut rx) => {
                     // Progress without marking a poller active.
                     self.counters
                         .thread_receives
                         .fetch_add(1, Ordering::Relaxed);
-                    self.receive(&mut rx, false);
+                    let found = self.receive(&mut rx, false);
                     drop(rx);
+                    // Datagrams nobody polled for (busy-poll mode): the application waits
+                    // without polling; watch the socket for it from now on.
+                    if self.mode == PollMode::BusyPoll && found > 0 {
+                        if !spinner {
+                            self.counters
+                                .spinner_watches
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        spinner = true;
+                        skips = 0;
+                    }
                     // One round of left-over answers between two receives.
                     self.serve_pending_transmit();
                 }
