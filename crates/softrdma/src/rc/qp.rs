@@ -522,18 +522,21 @@ impl Qp {
                 self.counters.packets_dropped += 1;
                 return;
             }
-            let cap = self.recv_cq.capacity().max(1);
-            let out = self.recv.handle_unreliable(
-                self.qp_type,
-                pkt,
-                info.kind,
-                info.position,
-                from,
+            let cq_cap = self.recv_cq.capacity().max(1);
+            let mut env = super::unreliable::RxEnv {
                 actx,
                 mem,
                 srq,
-                (&mut self.recv_cq, cap),
-                &mut self.counters.unrel,
+                cq: &mut self.recv_cq,
+                cq_cap,
+                counters: &mut self.counters.unrel,
+            };
+            let out = self.recv.handle_unreliable(
+                self.qp_type,
+                pkt,
+                (info.kind, info.position),
+                from,
+                &mut env,
             );
             if out == RespOutcome::Fatal {
                 self.enter_error();
@@ -677,16 +680,16 @@ impl Qp {
                 return None;
             }
             let sqd = self.state == QpState::Sqd;
-            let out = self.send.poll_unreliable(
-                self.qp_type,
+            let env = super::unreliable::TxEnv {
+                qp_type: self.qp_type,
                 now,
                 sqd,
                 actx,
                 mem,
-                self.icrc.as_ref(),
-                self.attr.qkey,
-                buf,
-            );
+                icrc: self.icrc.as_ref(),
+                qkey: self.attr.qkey,
+            };
+            let out = self.send.poll_unreliable(&env, buf);
             self.retire();
             return match out {
                 ReqOutput::Packet(n) => {

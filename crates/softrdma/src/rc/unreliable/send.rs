@@ -1,0 +1,233 @@
+//! The UC and UD requester: packets built from send WQEs, each WQE complete once its last
+//! packet is built.
+
+use super::super::QpType;
+use super::super::requester::{
+    LocalErr, ReqOutput, check_local, copy_payload, emit_sealed, execute_local, packets_for,
+};
+use super::super::sq::SendSide;
+use super::super::wr::{SendFlags, WcStatus, WrOpcode};
+use super::UdDest;
+use crate::mem::{AccessCtx, MemoryAccess};
+use crate::wire::{
+    BthRepr, DethRepr, HeaderRepr, Headers, IcrcPrefix, OpKind, Opcode, Position, Transport,
+};
+
+/// What a UC or UD requester builds a packet with, besides its send queue.
+#[derive(Clone, Copy)]
+#[allow(missing_debug_implementations)] // holds the memory as a trait object
+pub struct TxEnv<'a> {
+    /// The service (UC or UD).
+    pub qp_type: QpType,
+    /// The clock.
+    pub now: u64,
+    /// The send queue drains: start no new WQE.
+    pub sqd: bool,
+    /// Who accesses memory.
+    pub actx: AccessCtx,
+    /// The memory.
+    pub mem: &'a dyn MemoryAccess,
+    /// UC: the QP's address vector (none: nothing is sent).
+    pub icrc: Option<&'a IcrcPrefix>,
+    /// UD: the QP's Q_Key, sent when a WQE's has its high bit set.
+    pub qkey: u32,
+}
+
+impl SendSide {
+    /// Produce the next UC or UD request packet into `buf`, or execute local WQEs. A WQE
+    /// completes (successfully) once its last packet is built: nothing is acknowledged. UC
+    /// packets go by the QP's address vector, UD packets each to their WQE's destination.
+    pub fn poll_unreliable(&mut self, env: &TxEnv<'_>, buf: &mut [u8]) -> ReqOutput {
+        let TxEnv {
+            qp_type: t,
+            now,
+            sqd,
+            actx,
+            mem,
+            icrc,
+            qkey: _,
+        } = *env;
+        if self.rnr_deadline.is_some() || self.halted {
+            return ReqOutput::Idle;
+        }
+        loop {
+            if self.req_seq < self.sq.head {
+                self.req_seq = self.sq.head;
+                self.req_pkt = 0;
+            }
+            if self.req_seq >= self.sq.tail {
+                return ReqOutput::Idle;
+            }
+            let seq = self.req_seq;
+            let w = self.sq.get(seq);
+            if w.done.is_some() {
+                self.req_seq += 1;
+                self.req_pkt = 0;
+                continue;
+            }
+            if !w.psn_assigned {
+                if sqd {
+                    return ReqOutput::Idle;
+                }
+                if w.op.is_local() {
+                    let st = execute_local(w, actx, mem);
+                    if let (WcStatus::Success, WrOpcode::LocalInv { rkey }) = (st, w.op) {
+                        self.invalidated.push(rkey);
+                    }
+                    let w = self.sq.get_mut(seq);
+                    w.done = Some(st);
+                    w.psn_assigned = true;
+                    if st != WcStatus::Success {
+                        self.halted = true;
+                        return ReqOutput::Idle;
+                    }
+                    continue;
+                }
+                match check_local(w, actx, mem) {
+                    Ok(()) => {}
+                    Err(LocalErr::Wait) => {
+                        self.rnr_deadline =
+                            Some(now + super::super::requester::LOCAL_SUSPEND_WAIT_NS);
+                        return ReqOutput::Idle;
+                    }
+                    Err(LocalErr::Fail(st)) => {
+                        self.sq.get_mut(seq).done = Some(st);
+                        self.halted = true;
+                        return ReqOutput::Idle;
+                    }
+                }
+                let (mtu, first) = (self.mtu, self.next_psn);
+                let w = self.sq.get_mut(seq);
+                w.first_psn = first;
+                w.npkts = packets_for(u64::from(w.len), mtu);
+                w.psn_assigned = true;
+                self.next_psn = first.add(w.npkts);
+                self.req_pkt = 0;
+            }
+            let w = self.sq.get(seq);
+            let idx = self.req_pkt;
+            let built = match (t, w.ud) {
+                (QpType::Ud, Some(d)) => build_ud(w, d, env, buf),
+                (QpType::Uc, _) => match icrc {
+                    Some(p) => build_uc(w, (idx, self.dest_qpn, self.mtu), env, p, buf),
+                    None => return ReqOutput::Idle,
+                },
+                _ => Err(LocalErr::Fail(WcStatus::LocQpOpErr)),
+            };
+            match built {
+                Ok(n) => {
+                    let w = self.sq.get(seq);
+                    let psn = w.first_psn.add(idx);
+                    self.req_pkt += 1;
+                    let end = psn.add(1);
+                    // Nothing is outstanding: the packet is as good as acknowledged.
+                    self.sent_end = end;
+                    self.comp_psn = end;
+                    if self.req_pkt >= w.npkts {
+                        self.sq.get_mut(seq).done = Some(WcStatus::Success);
+                        self.req_seq += 1;
+                        self.req_pkt = 0;
+                    }
+                    return ReqOutput::Packet(n);
+                }
+                Err(LocalErr::Wait) => {
+                    self.rnr_deadline = Some(now + super::super::requester::LOCAL_SUSPEND_WAIT_NS);
+                    return ReqOutput::Idle;
+                }
+                Err(LocalErr::Fail(st)) => {
+                    self.sq.get_mut(seq).done = Some(st);
+                    self.halted = true;
+                    return ReqOutput::Idle;
+                }
+            }
+        }
+    }
+}
+
+/// Packet `idx` of UC WQE `w`, to QP `dest_qpn` at path MTU `mtu`.
+fn build_uc(
+    w: &super::super::sq::SendWqe,
+    (idx, dest_qpn, mtu): (u32, u32, u32),
+    env: &TxEnv<'_>,
+    icrc: &IcrcPrefix,
+    buf: &mut [u8],
+) -> Result<usize, LocalErr> {
+    let (actx, mem) = (env.actx, env.mem);
+    let pos = position(idx, w.npkts);
+    let (kind, extra, reth) = match w.op {
+        WrOpcode::Send => (OpKind::Send, Headers::NONE, None),
+        WrOpcode::SendWithImm { .. } => (OpKind::Send, Headers::IMMDT, None),
+        WrOpcode::RdmaWrite { remote_addr, rkey } => {
+            (OpKind::Write, Headers::NONE, Some((remote_addr, rkey)))
+        }
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr, rkey, ..
+        } => (OpKind::Write, Headers::IMMDT, Some((remote_addr, rkey))),
+        _ => return Err(LocalErr::Fail(WcStatus::LocQpOpErr)),
+    };
+    let extra = if pos.ends() { extra } else { Headers::NONE };
+    let opcode = Opcode::find(Transport::Uc, kind, pos, extra)
+        .ok_or(LocalErr::Fail(WcStatus::LocQpOpErr))?;
+    let psn = w.first_psn.add(idx);
+    let mut h = HeaderRepr::new(BthRepr::new(opcode, dest_qpn, psn));
+    if pos.starts() {
+        h.reth = reth.map(|(va, rkey)| crate::wire::RethRepr {
+            va,
+            rkey,
+            dma_len: w.len,
+        });
+    }
+    if pos.ends() {
+        if let WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. } = w.op {
+            h.immdt = Some(imm);
+        }
+        h.bth.se =
+            w.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || h.immdt.is_some());
+    }
+    let off = u64::from(idx) * u64::from(mtu);
+    let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
+    emit_sealed(&h, plen, icrc, buf, |dst| {
+        copy_payload(w, off, dst, actx, mem)
+    })
+}
+
+/// The one packet of UD WQE `w` to `d`.
+fn build_ud(
+    w: &super::super::sq::SendWqe,
+    d: UdDest,
+    env: &TxEnv<'_>,
+    buf: &mut [u8],
+) -> Result<usize, LocalErr> {
+    let (actx, mem, qp_qkey) = (env.actx, env.mem, env.qkey);
+    let icrc = &IcrcPrefix::new(d.av);
+    let (opcode, imm) = match w.op {
+        WrOpcode::Send => (Opcode::UD_SEND_ONLY, None),
+        WrOpcode::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_IMM, Some(imm)),
+        _ => return Err(LocalErr::Fail(WcStatus::LocQpOpErr)),
+    };
+    let mut h = HeaderRepr::new(BthRepr::new(opcode, d.remote_qpn, w.first_psn));
+    // IBTA 10.2.4: a Q_Key with the high bit set stands for the QP's own.
+    let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+        qp_qkey
+    } else {
+        d.remote_qkey
+    };
+    h.deth = Some(DethRepr {
+        qkey,
+        src_qp: actx.qpn,
+    });
+    h.immdt = imm;
+    h.bth.se = w.flags.contains(SendFlags::SOLICITED);
+    emit_sealed(&h, w.len as usize, icrc, buf, |dst| {
+        copy_payload(w, 0, dst, actx, mem)
+    })
+}
+
+fn position(idx: u32, n: u32) -> Position {
+    match (idx == 0, idx + 1 >= n) {
+        (true, true) => Position::Only,
+        (true, false) => Position::First,
+        (false, true) => Position::Last,
+        (false, false) => Position::Middle,
+    }
+}
