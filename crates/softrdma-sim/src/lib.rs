@@ -13,6 +13,6 @@ pub mod workload;
 pub mod world;
 
 pub use memory::SimMemory;
-pub use net::{Faults, NetStats, Network, Partition};
+pub use net::{Faults, NetEvent, NetStats, Network, Partition};
 pub use rng::Rng;
-pub use world::{Completion, ConnOpts, Endpoint, QpRef, World, WorldStats};
+pub use world::{Completion, ConnOpts, Endpoint, Fate, QpRef, TraceEvent, World, WorldStats};
