@@ -4,7 +4,7 @@
 //! duplicates, reorders, delays, corrupts and partitions; time is virtual and a seed
 //! reproduces a run exactly. [`SimMemory`] is a buffer-backed `MemoryAccess` with guard
 //! bytes. [`workload`] generates random mixed traffic and checks the invariants after every
-//! step.
+//! step: RC traffic, UD datagrams ([`workload::ud`]) and UC messages ([`workload::uc`]).
 
 pub mod memory;
 pub mod net;
