@@ -4,7 +4,7 @@
 //! duplicates, reorders, delays, corrupts and partitions; time is virtual and a seed
 //! reproduces a run exactly. [`SimMemory`] is a buffer-backed `MemoryAccess` with guard
 //! bytes. [`workload`] generates random mixed traffic and checks the invariants after every
-//! step.
+//! step: RC traffic, UD datagrams ([`workload::ud`]) and UC messages ([`workload::uc`]).
 
 pub mod memory;
 pub mod net;
@@ -13,6 +13,6 @@ pub mod workload;
 pub mod world;
 
 pub use memory::SimMemory;
-pub use net::{Faults, NetStats, Network, Partition};
+pub use net::{Faults, NetEvent, NetStats, Network, Partition};
 pub use rng::Rng;
-pub use world::{Completion, ConnOpts, Endpoint, QpRef, World, WorldStats};
+pub use world::{Completion, ConnOpts, Endpoint, Fate, QpRef, TraceEvent, World, WorldStats};

@@ -58,12 +58,33 @@ pub struct Partition {
     pub until: u64,
 }
 
+/// What the network did to one packet, by its send number (see [`Network::log`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetEvent {
+    /// Dropped when offered (loss, or [`Network::drop_nth`]).
+    Lost(u64),
+    /// A copy dropped by a partition (when offered, or when it was due).
+    Partitioned(u64),
+    /// A second copy was queued.
+    Duplicated(u64),
+    /// Delayed so that later packets overtake it.
+    Reordered(u64),
+    /// A bit of the first copy was flipped.
+    Corrupted(u64),
+}
+
 /// A packet in flight.
 #[derive(Debug)]
 pub struct InFlight {
     /// Arrival time.
     pub at: u64,
     seq: u64,
+    /// The packet's send number (1-based, [`NetStats::sent`] when it was offered); a
+    /// duplicate carries its original's.
+    pub id: u64,
+    /// True for a copy that may arrive out of the path's order: the second copy of a
+    /// duplicated packet, or a reordered packet.
+    pub late: bool,
     /// Sending endpoint.
     pub src: usize,
     /// Receiving endpoint.
@@ -130,6 +151,9 @@ pub struct Network {
     /// When set, every packet offered is recorded here first (sender, UDP payload), like a
     /// capture taken at the senders.
     pub tap: Option<Vec<(usize, Vec<u8>)>>,
+    /// When set, every fault is recorded here with the send number of its packet (a
+    /// workload drains it to account for each packet).
+    pub log: Option<Vec<NetEvent>>,
     /// Latest arrival per (src, dst) path: a path keeps FIFO order except for reordered packets.
     last_arrival: std::collections::HashMap<(usize, usize), u64>,
     pool: Vec<Vec<u8>>,
@@ -147,6 +171,7 @@ impl Network {
             stats: NetStats::default(),
             drop_nth: Vec::new(),
             tap: None,
+            log: None,
             last_arrival: Default::default(),
             pool: Vec::new(),
         }
@@ -158,6 +183,13 @@ impl Network {
         })
     }
 
+    fn note(&mut self, e: NetEvent) {
+        if let Some(l) = &mut self.log {
+            l.push(e);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &mut self,
         at: u64,
@@ -166,6 +198,8 @@ impl Network {
         icrc: IcrcContext,
         bytes: &[u8],
         corrupted: Option<bool>,
+        id: u64,
+        late: bool,
     ) {
         let mut data = self.pool.pop().unwrap_or_default();
         data.clear();
@@ -178,6 +212,8 @@ impl Network {
             self.heap.push(InFlight {
                 at,
                 seq: self.seq,
+                id,
+                late,
                 src,
                 dst,
                 icrc,
@@ -190,6 +226,8 @@ impl Network {
         self.heap.push(InFlight {
             at,
             seq: self.seq,
+            id,
+            late,
             src,
             dst,
             icrc,
@@ -198,20 +236,30 @@ impl Network {
         });
     }
 
-    /// Offer a packet at time `now`.
-    pub fn send(&mut self, now: u64, src: usize, dst: usize, icrc: IcrcContext, bytes: &[u8]) {
+    /// Offer a packet at time `now`; returns its send number (1-based).
+    pub fn send(
+        &mut self,
+        now: u64,
+        src: usize,
+        dst: usize,
+        icrc: IcrcContext,
+        bytes: &[u8],
+    ) -> u64 {
         self.stats.sent += 1;
+        let id = self.stats.sent;
         if let Some(t) = &mut self.tap {
             t.push((src, bytes.to_vec()));
         }
         let f = self.faults;
         if self.cut(src, dst, now) {
             self.stats.partitioned += 1;
-            return;
+            self.note(NetEvent::Partitioned(id));
+            return id;
         }
         if self.drop_nth.contains(&self.stats.sent) || self.rng.chance(f.loss) {
             self.stats.lost += 1;
-            return;
+            self.note(NetEvent::Lost(id));
+            return id;
         }
         let mut at = now
             + f.latency_ns
@@ -223,20 +271,26 @@ impl Network {
         let last = self.last_arrival.entry((src, dst)).or_insert(0);
         at = at.max(*last);
         *last = at;
-        if self.rng.chance(f.reorder) {
+        let reordered = self.rng.chance(f.reorder);
+        if reordered {
             self.stats.reordered += 1;
+            self.note(NetEvent::Reordered(id));
             at += 1 + self.rng.below(f.reorder_delay_ns.max(1));
         }
         let corrupt = self.rng.chance(f.corrupt);
         if corrupt {
             self.stats.corrupted += 1;
+            self.note(NetEvent::Corrupted(id));
         }
-        self.enqueue(at, src, dst, icrc, bytes, corrupt.then_some(false));
+        let c = corrupt.then_some(false);
+        self.enqueue(at, src, dst, icrc, bytes, c, id, reordered);
         if self.rng.chance(f.duplicate) {
             self.stats.duplicated += 1;
+            self.note(NetEvent::Duplicated(id));
             let later = at + 1 + self.rng.below(f.reorder_delay_ns.max(f.latency_ns).max(1));
-            self.enqueue(later, src, dst, icrc, bytes, None);
+            self.enqueue(later, src, dst, icrc, bytes, None, id, true);
         }
+        id
     }
 
     /// When the next packet arrives.
@@ -250,6 +304,7 @@ impl Network {
             let p = self.heap.pop()?;
             if self.cut(p.src, p.dst, p.at) {
                 self.stats.partitioned += 1;
+                self.note(NetEvent::Partitioned(p.id));
                 self.recycle(p.data);
                 continue;
             }

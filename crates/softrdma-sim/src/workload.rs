@@ -16,6 +16,11 @@
 //!   ends with every WR completed: nothing hangs (invariant 6).
 //!
 //! Invariant 4 (refused registrations change nothing) belongs to the memory subsystem.
+//!
+//! The unreliable services have workloads of their own, driven through the same world:
+//! [`ud`] (datagrams between UD QPs, every copy of every packet accounted for) and [`uc`]
+//! (SENDs and WRITEs between connected UC QPs, every completion the end of a message received
+//! whole).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -27,6 +32,13 @@ use crate::rng::Rng;
 use crate::world::{ConnOpts, QpRef, World};
 
 mod checks;
+pub mod uc;
+pub mod ud;
+mod unrel;
+
+pub use uc::{UcOptions, run_uc_seed, run_uc_seed_with};
+pub use ud::run_ud_seed;
+pub use unrel::UnrelReport;
 
 const ALL: Access = Access(
     Access::LOCAL_WRITE.0

@@ -3,16 +3,26 @@
 //! One [`World::step`] delivers one packet or fires the due timers, after pumping every QP's
 //! transmissions into the network and collecting every completion. Nothing reads a clock:
 //! a seed reproduces the run.
+//!
+//! RC and UC QPs are connected in pairs ([`World::connect`]) and send to their peer's host.
+//! UD QPs ([`World::bring_up_ud`]) send each datagram to the host whose IPv4 address its
+//! work request's address vector names (the driver asks [`Qp::next_datagram_dest`] before
+//! each transmit poll), from their own host's address; every packet is handed to its QP with
+//! the [`DatagramSource`] its IP header gives (the sender's and receiver's addresses), which a
+//! UD receive's GRH area holds. With [`World::trace`] on, the world records what became of
+//! every packet ([`TraceEvent`]).
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use softrdma::mem::Access;
-use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, Srq, WorkCompletion};
-use softrdma::wire::{Error as WireError, IcrcContext, Packet};
+use softrdma::rc::{
+    DatagramSource, Mtu, Qp, QpAttr, QpCap, QpCounters, QpInit, QpType, Srq, UdDest, WorkCompletion,
+};
+use softrdma::wire::{Error as WireError, HeaderRepr, IcrcContext, IpHeader, Packet};
 
 use crate::memory::SimMemory;
-use crate::net::{Faults, Network};
+use crate::net::{Faults, InFlight, Network};
 use crate::rng::Rng;
 
 /// A QP's address in the world.
@@ -87,6 +97,62 @@ impl Default for ConnOpts {
     }
 }
 
+/// What became of a packet copy that left the network (see [`TraceEvent::Arrived`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // a record drained every step: kept unboxed
+pub enum Fate {
+    /// Refused by the ICRC check.
+    IcrcRejected,
+    /// Refused by parsing.
+    Malformed,
+    /// No QP at the receiving host has the packet's destination QPN.
+    Unroutable,
+    /// Handed to this QP, whose counters were `before` and then `after`.
+    Handled {
+        /// The QP.
+        qp: QpRef,
+        /// Its counters before.
+        before: QpCounters,
+        /// Its counters after.
+        after: QpCounters,
+    },
+}
+
+/// One thing the world did with a packet, recorded when [`World::trace`] is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // a record drained every step: kept unboxed
+pub enum TraceEvent {
+    /// A QP produced a packet.
+    Sent {
+        /// Its network send number; `None` when no host has the address it was sent to
+        /// (a UD datagram addressed nowhere: nothing was offered to the network).
+        id: Option<u64>,
+        /// The QP that sent it.
+        from: QpRef,
+        /// The host it was sent to.
+        to: Option<usize>,
+        /// Its headers (parsed without the ICRC check), when they parse.
+        hdr: Option<HeaderRepr>,
+        /// Its payload length.
+        payload_len: usize,
+    },
+    /// A copy of packet `id` left the network at host `ep`.
+    Arrived {
+        /// The send number.
+        id: u64,
+        /// The sending host.
+        src: usize,
+        /// The receiving host.
+        ep: usize,
+        /// True for a copy that may be out of its path's order (reordered or a duplicate).
+        late: bool,
+        /// Whether a bit was flipped (`Some(true)`: only in the byte the ICRC masks).
+        corrupted: Option<bool>,
+        /// What became of it.
+        fate: Fate,
+    },
+}
+
 /// World counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorldStats {
@@ -101,6 +167,11 @@ pub struct WorldStats {
     pub corrupt_accepted: u64,
     /// Packets for no QP.
     pub unroutable: u64,
+    /// UD datagrams addressed to an IP address no host has (never offered to the network).
+    pub no_route: u64,
+    /// UD packets produced when the QP named no destination (a transport fault: counted
+    /// and dropped).
+    pub undirected: u64,
 }
 
 /// The simulated world.
@@ -118,6 +189,8 @@ pub struct World {
     pub stats: WorldStats,
     /// Set when a corrupted packet other than a masked-bit flip got through the ICRC check.
     pub icrc_escape: Option<String>,
+    /// When set, what became of every packet is recorded here (a workload drains it).
+    pub trace: Option<Vec<TraceEvent>>,
     buf: Vec<u8>,
 }
 
@@ -131,6 +204,7 @@ impl World {
             completions: VecDeque::new(),
             stats: WorldStats::default(),
             icrc_escape: None,
+            trace: None,
             buf: vec![0u8; 4096 + 128],
         }
     }
@@ -157,8 +231,19 @@ impl World {
         e.srqs.len() - 1
     }
 
-    /// Create a QP (PD 1) on a host, optionally on an SRQ (by index).
+    /// Create an RC QP (PD 1) on a host, optionally on an SRQ (by index).
     pub fn create_qp(&mut self, ep: usize, cap: QpCap, srq: Option<usize>) -> QpRef {
+        self.create_qp_of(ep, QpType::Rc, cap, srq)
+    }
+
+    /// Create a QP of type `qp_type` (PD 1) on a host, optionally on an SRQ (by index).
+    pub fn create_qp_of(
+        &mut self,
+        ep: usize,
+        qp_type: QpType,
+        cap: QpCap,
+        srq: Option<usize>,
+    ) -> QpRef {
         let e = &mut self.eps[ep];
         let qpn = 0x11 + (ep as u32) * 0x100 + e.qps.len() as u32;
         let srq_id = srq.map(|s| e.srqs[s].id());
@@ -168,7 +253,7 @@ impl World {
             cap,
             srq: srq_id,
             sq_sig_all: false,
-            qp_type: Default::default(),
+            qp_type,
         })
         .expect("valid caps");
         e.qps.push(qp);
@@ -185,7 +270,41 @@ impl World {
         &mut self.eps[r.ep].qps[r.qp]
     }
 
-    /// Bring two QPs to RTS connected to each other.
+    /// The UDP source port a QP sends from (as `connect` gives it).
+    pub fn src_port(&self, r: QpRef) -> u16 {
+        0xc000 | (self.eps[r.ep].qps[r.qp].qp_num() as u16 & 0x3fff)
+    }
+
+    /// Bring a UD QP to RTS with Q_Key `qkey`, port MTU `port_mtu` and first PSN `sq_psn`.
+    pub fn bring_up_ud(&mut self, r: QpRef, qkey: u32, port_mtu: Mtu, sq_psn: u32) {
+        let qp = self.qp(r);
+        qp.set_port_mtu(port_mtu);
+        let attr = QpAttr {
+            qkey,
+            sq_psn,
+            ..QpAttr::default()
+        };
+        qp.connect(&attr).expect("UD RESET->RTS");
+    }
+
+    /// The destination of a UD work request from `from` to QP `remote_qpn` at the host with
+    /// address `ip` (the address vector runs from `from`'s host to `ip`).
+    pub fn ud_dest_ip(&self, from: QpRef, ip: Ipv4Addr, remote_qpn: u32, qkey: u32) -> UdDest {
+        UdDest {
+            av: IcrcContext::v4(self.eps[from.ep].ip, ip, self.src_port(from)),
+            remote_qpn,
+            remote_qkey: qkey,
+        }
+    }
+
+    /// The destination of a UD work request from `from` to the QP `to`.
+    pub fn ud_dest(&self, from: QpRef, to: QpRef, qkey: u32) -> UdDest {
+        let qpn = self.eps[to.ep].qps[to.qp].qp_num();
+        self.ud_dest_ip(from, self.eps[to.ep].ip, qpn, qkey)
+    }
+
+    /// Bring two RC or UC QPs to RTS connected to each other (UC takes what it needs of
+    /// `o`: the path, path MTU, PSNs and the remote rights).
     pub fn connect(&mut self, a: QpRef, b: QpRef, o: ConnOpts) {
         let (ia, ib) = (self.eps[a.ep].ip, self.eps[b.ep].ip);
         let (qa, qb) = (self.qp(a).qp_num(), self.qp(b).qp_num());
@@ -194,8 +313,7 @@ impl World {
             (b, ib, ia, qa, o.psn_b, o.psn_a),
         ];
         for (r, local, remote, dest, sq_psn, rq_psn) in sides {
-            let qpn = self.qp(r).qp_num();
-            let port = 0xc000 | (qpn as u16 & 0x3fff);
+            let port = self.src_port(r);
             let attr = QpAttr {
                 qp_access_flags: o.access,
                 av: Some(IcrcContext::v4(local, remote, port)),
@@ -220,25 +338,80 @@ impl World {
     /// Move every QP's packets into the network and every completion into `completions`.
     pub fn pump(&mut self) {
         let now = self.now;
-        for (ei, e) in self.eps.iter_mut().enumerate() {
-            for qi in 0..e.qps.len() {
-                let Some(dst) = e.peer[qi] else { continue };
-                let qp = &mut e.qps[qi];
-                let icrc = qp.attr().av;
+        for ei in 0..self.eps.len() {
+            for qi in 0..self.eps[ei].qps.len() {
+                let from = QpRef { ep: ei, qp: qi };
+                let qp = &self.eps[ei].qps[qi];
                 if self.buf.len() < qp.max_packet_len() {
                     self.buf.resize(qp.max_packet_len(), 0);
                 }
-                while let Some(n) = qp.poll_transmit(now, &e.mem, &mut self.buf) {
-                    if let Some(ctx) = icrc {
-                        self.net.send(now, ei, dst, ctx, &self.buf[..n]);
+                if qp.qp_type() == QpType::Ud {
+                    self.pump_datagrams(from);
+                } else if let Some(dst) = self.eps[ei].peer[qi] {
+                    let e = &mut self.eps[ei];
+                    let qp = &mut e.qps[qi];
+                    let icrc = qp.attr().av;
+                    while let Some(n) = qp.poll_transmit(now, &e.mem, &mut self.buf) {
+                        let Some(ctx) = icrc else { continue };
+                        let id = self.net.send(now, ei, dst, ctx, &self.buf[..n]);
+                        if let Some(t) = &mut self.trace {
+                            t.push(sent_event(Some(id), from, Some(dst), &self.buf[..n]));
+                        }
                     }
                 }
-                while let Some(wc) = qp.poll_completion() {
-                    self.completions.push_back(Completion {
-                        at: QpRef { ep: ei, qp: qi },
-                        wc,
-                    });
+                let e = &mut self.eps[ei];
+                while let Some(wc) = e.qps[qi].poll_completion() {
+                    self.completions.push_back(Completion { at: from, wc });
                 }
+            }
+        }
+    }
+
+    /// Send a UD QP's datagrams, each to the host its address vector names, from the QP's
+    /// host address (the IP header a socket would put on it).
+    fn pump_datagrams(&mut self, from: QpRef) {
+        let now = self.now;
+        let src_ip = self.eps[from.ep].ip;
+        loop {
+            let e = &mut self.eps[from.ep];
+            let qp = &mut e.qps[from.qp];
+            let dest = qp.next_datagram_dest();
+            let Some(n) = qp.poll_transmit(now, &e.mem, &mut self.buf) else {
+                break;
+            };
+            let Some(av) = dest else {
+                self.stats.undirected += 1;
+                continue;
+            };
+            let to = match av.ip {
+                IpHeader::V4 { dst, .. } => self.eps.iter().position(|h| h.ip == dst),
+                IpHeader::V6 { .. } => None,
+            };
+            let id = to.map(|dst| {
+                let ctx = match av.ip {
+                    IpHeader::V4 {
+                        dst: d,
+                        id,
+                        dont_fragment,
+                        ..
+                    } => IcrcContext {
+                        ip: IpHeader::V4 {
+                            src: src_ip,
+                            dst: d,
+                            id,
+                            dont_fragment,
+                        },
+                        ..av
+                    },
+                    IpHeader::V6 { .. } => av,
+                };
+                self.net.send(now, from.ep, dst, ctx, &self.buf[..n])
+            });
+            if to.is_none() {
+                self.stats.no_route += 1;
+            }
+            if let Some(t) = &mut self.trace {
+                t.push(sent_event(id, from, to, &self.buf[..n]));
             }
         }
     }
@@ -264,7 +437,7 @@ impl World {
         self.stats.steps += 1;
         let now = self.now;
         if let Some(p) = self.net.pop_due(now) {
-            self.deliver(&p.data, p.dst, p.icrc, p.corrupted);
+            self.deliver(&p);
             self.net.recycle(p.data);
         } else {
             for e in &mut self.eps {
@@ -279,16 +452,31 @@ impl World {
         true
     }
 
-    fn deliver(&mut self, data: &[u8], dst: usize, icrc: IcrcContext, corrupted: Option<bool>) {
+    fn deliver(&mut self, p: &InFlight) {
+        let fate = self.deliver_fate(p);
+        if let Some(t) = &mut self.trace {
+            t.push(TraceEvent::Arrived {
+                id: p.id,
+                src: p.src,
+                ep: p.dst,
+                late: p.late,
+                corrupted: p.corrupted,
+                fate,
+            });
+        }
+    }
+
+    fn deliver_fate(&mut self, p: &InFlight) -> Fate {
+        let (data, dst, icrc, corrupted) = (&p.data[..], p.dst, p.icrc, p.corrupted);
         let pkt = match Packet::parse_verified(&icrc, data) {
             Ok(p) => p,
             Err(WireError::BadIcrc { .. }) => {
                 self.stats.icrc_rejected += 1;
-                return;
+                return Fate::IcrcRejected;
             }
             Err(_) => {
                 self.stats.malformed += 1;
-                return;
+                return Fate::Malformed;
             }
         };
         match corrupted {
@@ -301,10 +489,21 @@ impl World {
         let e = &mut self.eps[dst];
         let Some(qi) = e.qps.iter().position(|q| q.qp_num() == pkt.hdr.bth.dest_qp) else {
             self.stats.unroutable += 1;
-            return;
+            return Fate::Unroutable;
+        };
+        // What the receiving socket learns from the IP header: a UD receive's GRH area.
+        let from = DatagramSource {
+            ip: icrc.ip,
+            udp_payload_len: data.len(),
         };
         let srq = e.qp_srq[qi].map(|s| &mut e.srqs[s]);
-        e.qps[qi].handle_packet(self.now, &pkt, &e.mem, srq);
+        let before = *e.qps[qi].counters();
+        e.qps[qi].handle_packet_from(self.now, &pkt, Some(&from), &e.mem, srq);
+        Fate::Handled {
+            qp: QpRef { ep: dst, qp: qi },
+            before,
+            after: *e.qps[qi].counters(),
+        }
     }
 
     /// Step until nothing is left to happen or `max_steps` steps were taken; returns the steps.
@@ -321,5 +520,16 @@ impl World {
         let (mine, rest): (Vec<_>, Vec<_>) = self.completions.drain(..).partition(|c| c.at == r);
         self.completions = rest.into();
         mine.into_iter().map(|c| c.wc).collect()
+    }
+}
+
+fn sent_event(id: Option<u64>, from: QpRef, to: Option<usize>, data: &[u8]) -> TraceEvent {
+    let p = Packet::parse(data).ok();
+    TraceEvent::Sent {
+        id,
+        from,
+        to,
+        hdr: p.map(|p| p.hdr),
+        payload_len: p.map_or(0, |p| p.payload.len()),
     }
 }
