@@ -204,7 +204,6 @@ fn one_uc_greedy_seed() {
 /// message is cut the receive it held is given back to a full queue and discarded (never
 /// completed, never flushed); the next message completes the receive posted after it.
 #[test]
-#[ignore = "transport bug: RecvQueue::unpop (crates/softrdma/src/rc/rq.rs) discards a receive given back to a full queue"]
 fn uc_greedy_seeds() {
     let opts = UcOptions {
         greedy_receives: true,

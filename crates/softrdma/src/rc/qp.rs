@@ -466,6 +466,11 @@ impl Qp {
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
         }
+        // A receive a message in progress holds still occupies its slot (as in rxe): a UC
+        // message that is cut gives it back to the head of the queue.
+        if self.recv.holds_rq_wqe() && self.recv.rq.len() + 1 >= self.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull);
+        }
         self.recv.rq.post(wr)?;
         if self.state == QpState::Err {
             self.flush_recv(None);

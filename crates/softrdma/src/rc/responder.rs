@@ -247,6 +247,11 @@ impl RecvSide {
         }
     }
 
+    /// True while a message in progress holds a receive taken from the QP's own queue.
+    pub fn holds_rq_wqe(&self) -> bool {
+        self.srq_id.is_none() && matches!(self.msg, InMsg::Send { .. })
+    }
+
     /// The newest request PSN executed without AckReq that no answer has acknowledged yet.
     pub fn unacked(&self) -> Option<Psn> {
         self.unacked

@@ -55,11 +55,12 @@ impl RecvQueue {
     pub fn pop(&mut self) -> Option<RecvWqe> {
         self.q.pop_front()
     }
-    /// Give a WQE back to the head (its message could not start after all).
+    /// Give a WQE back to the head (its message could not start, or a UC message it had
+    /// started was cut). It is never lost: the queue may hold more than `max_wr` for a while
+    /// when posts filled it meanwhile (an SRQ, whose other QPs keep posting; a QP's own queue
+    /// counts the receive in progress against its posts, see `Qp::post_recv`).
     pub fn unpop(&mut self, w: RecvWqe) {
-        if self.q.len() < self.max_wr {
-            self.q.push_front(w);
-        }
+        self.q.push_front(w);
     }
     /// Number of posted WQEs.
     pub fn len(&self) -> usize {
