@@ -184,6 +184,9 @@ fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 perf::server(local.unwrap_or(IpAddr::from([127, 0, 0, 1])), &opts)?;
                 return Ok(ExitCode::SUCCESS);
             }
+            // Refuse a test the transport does not run (or a UD size above the MTU) before
+            // a server is started.
+            perf::validate(test, &opts)?;
             let stdout = std::io::stdout();
             let mut out = stdout.lock();
             if let Some(addr) = client {

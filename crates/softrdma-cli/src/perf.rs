@@ -1,17 +1,28 @@
 //! `softrdma perf`: perftest's tests on softrdma, server and client as two processes.
 //!
 //! Out of band, the two sides talk over TCP in lines of text: each sends
-//! `qpn psn rkey vaddr gid` once; then the client drives rounds with `run TEST SIZE ITERS`,
-//! the server answers `ready` once it is set up (receives posted), both run, the client sends
-//! `end` and the server answers `ok`.
+//! `qpn psn rkey vaddr gid [UC|UD]` once (the server creates its QP with the client's
+//! transport, RC when it names none); then the client drives rounds with
+//! `run TEST SIZE ITERS`, the server answers `ready` once it is set up (receives posted), both
+//! run, the client sends `end` and the server answers `ok` (after an unreliable bandwidth
+//! round, `ok RECEIVED NANOSECONDS DROPS`: what reached it, from its `ready` to the last
+//! arrival, and what its QP dropped).
+//!
+//! Over UC and UD nothing is acknowledged or resent: a send completes when its packet is built,
+//! and a message the receiver has no receive for, or that the socket buffers overflow with, is
+//! lost. Bandwidth rounds therefore report what the sender sent and what the receiver got, and
+//! every wait is bounded (see [`IDLE_END`], [`ANSWER_TIMEOUT`]).
 
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use softrdma::rc::UnrelCounters;
 use softrdma::verbs::{
-    Access, Cq, Device, DeviceConfig, EMPTY_WC, Mr, Mtu, PinMode, PollMode, Qp, QpAttr, QpCap,
-    QpInitAttr, RecvWr, SendFlags, SendWr, WcStatus, WorkCompletion, WrOpcode, random_psn,
+    Access, Ah, Cq, Device, DeviceConfig, EMPTY_WC, GRH_LEN, Mr, Mtu, PinMode, PollMode, Qp,
+    QpAttr, QpCap, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, UdDest, WcStatus, WorkCompletion,
+    WrOpcode, random_psn,
 };
 
 /// The tests, named as perftest names its programs.
@@ -73,13 +84,81 @@ impl Test {
     }
 }
 
+/// The transport service, as perftest's `-c` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Connection {
+    /// Reliable Connected.
+    #[value(name = "rc")]
+    Rc,
+    /// Unreliable Connected: SEND and RDMA WRITE, nothing acknowledged or resent.
+    #[value(name = "uc")]
+    Uc,
+    /// Unreliable Datagram: one-packet SENDs (at most the MTU), nothing acknowledged or
+    /// resent.
+    #[value(name = "ud")]
+    Ud,
+}
+
+impl Connection {
+    /// `RC`, `UC` or `UD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Connection::Rc => "RC",
+            Connection::Uc => "UC",
+            Connection::Ud => "UD",
+        }
+    }
+    fn parse(s: &str) -> Option<Connection> {
+        [Connection::Rc, Connection::Uc, Connection::Ud]
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(s))
+    }
+    fn qp_type(self) -> QpType {
+        match self {
+            Connection::Rc => QpType::Rc,
+            Connection::Uc => QpType::Uc,
+            Connection::Ud => QpType::Ud,
+        }
+    }
+    fn unreliable(self) -> bool {
+        self != Connection::Rc
+    }
+    /// Whether `test` runs over this transport (UC has no READ or atomics; UD only SENDs).
+    fn supports(self, test: Test) -> bool {
+        match self {
+            Connection::Rc => true,
+            Connection::Uc => matches!(
+                test,
+                Test::WriteBw | Test::SendBw | Test::WriteLat | Test::SendLat
+            ),
+            Connection::Ud => matches!(test, Test::SendBw | Test::SendLat),
+        }
+    }
+}
+
+/// Q_Key of the UD QPs (perftest's default).
+const QKEY: u32 = 0x1111_1111;
+
+/// An unreliable bandwidth round ends when nothing has arrived at the receiver for this long
+/// (the sender stopped, or everything it sends is lost).
+pub const IDLE_END: Duration = Duration::from_secs(1);
+
+/// Once the client has sent its last message (its `end` line is waiting), an unreliable
+/// bandwidth round ends after this long without an arrival.
+const GRACE: Duration = Duration::from_millis(100);
+
+/// An unreliable latency round whose answer (or whose peer's WRITE) has not come after this
+/// long ends the test with an error: the message was lost, and nothing resends it.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Options shared by both sides.
 #[derive(Clone, Debug, clap::Args)]
 pub struct PerfOpts {
-    /// Message size in bytes (atomics are always 8).
-    #[arg(long, short = 's', default_value_t = 65536)]
-    pub size: usize,
-    /// Every power of two from 64 B to 1 MiB, one row each.
+    /// Message size in bytes (atomics are always 8) [default: 65536; UD: the MTU, which is
+    /// also the largest size UD takes].
+    #[arg(long, short = 's')]
+    pub size: Option<usize>,
+    /// Every power of two from 64 B to 1 MiB (UD: to the MTU), one row each.
     #[arg(long, short = 'a')]
     pub all: bool,
     /// Iterations per size (default: 5000 for bandwidth, 2000 for latency; fewer for sizes
@@ -104,6 +183,33 @@ pub struct PerfOpts {
     /// Print JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Transport, as perftest's -c: rc (default), uc (write_bw, send_bw, write_lat,
+    /// send_lat) or ud (send_bw, send_lat). The server follows the client's.
+    #[arg(long, short = 'c', value_enum, ignore_case = true)]
+    pub connection: Option<Connection>,
+    /// Short for --connection ud.
+    #[arg(long, conflicts_with_all = ["connection", "uc"])]
+    pub ud: bool,
+    /// Short for --connection uc.
+    #[arg(long, conflicts_with = "connection")]
+    pub uc: bool,
+    /// Receives the SEND receiver keeps posted [default: 512; UC and UD: 16384, since a
+    /// message that finds no receive is lost].
+    #[arg(long)]
+    pub rx_depth: Option<u32>,
+}
+
+impl PerfOpts {
+    /// The transport asked for, if any (`--connection`, `--ud`, `--uc`).
+    pub fn transport(&self) -> Option<Connection> {
+        if self.ud {
+            Some(Connection::Ud)
+        } else if self.uc {
+            Some(Connection::Uc)
+        } else {
+            self.connection
+        }
+    }
 }
 
 /// Engine mode, as a command-line value.
@@ -133,12 +239,37 @@ struct Ctx {
     qp: Qp,
     mr: Mr,
     mode: PollMode,
+    conn: Connection,
+    /// Length of every posted receive: one length fits every round (MAX_SIZE; UD: the GRH
+    /// area and an MTU), since receives left posted by a round serve the next.
+    recv_len: u32,
+    /// Receives posted and not yet completed.
+    posted_recvs: Cell<u32>,
+    /// Receives to keep posted (the receive queue's size).
+    rx_depth: u32,
 }
 
 const MAX_SIZE: usize = 1 << 20;
 const RX_DEPTH: u32 = 512;
+/// Receives an unreliable SEND receiver keeps posted by default: a datagram that finds none is
+/// lost, and the engine places a whole receive batch (up to 32 GRO datagrams, each of many
+/// packets) before the receiving thread can post again; 512 lost a third of a 64-byte stream.
+const UNREL_RX_DEPTH: u32 = 16384;
 
-fn open(local: IpAddr, opts: &PerfOpts, buf_len: usize) -> Res<Ctx> {
+/// Receives the SEND receiver keeps posted (`--rx-depth`).
+fn rx_depth(opts: &PerfOpts, conn: Connection) -> u32 {
+    let default = if conn.unreliable() {
+        UNREL_RX_DEPTH
+    } else {
+        RX_DEPTH
+    };
+    opts.rx_depth.unwrap_or(default).clamp(1, MAX_QP_WR)
+}
+
+/// The device's limit on a queue's work requests.
+const MAX_QP_WR: u32 = 1 << 15;
+
+fn open(local: IpAddr, opts: &PerfOpts, buf_len: usize, conn: Connection) -> Res<Ctx> {
     let mut cfg = DeviceConfig::new(local);
     cfg.mode = if opts.mode == Mode::Busy {
         PollMode::BusyPoll
@@ -150,12 +281,13 @@ fn open(local: IpAddr, opts: &PerfOpts, buf_len: usize) -> Res<Ctx> {
     let mode = cfg.mode;
     let dev = Device::open(cfg)?;
     let pd = dev.alloc_pd()?;
-    let depth = opts.tx_depth.max(RX_DEPTH) * 2;
+    let rx_depth = rx_depth(opts, conn);
+    let depth = opts.tx_depth.max(rx_depth) * 2;
     let cq = dev.create_cq(depth, None)?;
-    let mut init = QpInitAttr::new(&cq);
+    let mut init = QpInitAttr::new(&cq).with_type(conn.qp_type());
     init.cap = QpCap {
         max_send_wr: opts.tx_depth.max(16),
-        max_recv_wr: RX_DEPTH,
+        max_recv_wr: rx_depth,
         max_send_sge: 1,
         max_recv_sge: 1,
         max_inline_data: 64,
@@ -164,12 +296,20 @@ fn open(local: IpAddr, opts: &PerfOpts, buf_len: usize) -> Res<Ctx> {
     let access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mr = pd.alloc_mr(buf_len, access)?;
+    let recv_len = match conn {
+        Connection::Ud => mtu_of(opts.mtu).bytes() + GRH_LEN as u32,
+        _ => MAX_SIZE as u32,
+    };
     Ok(Ctx {
         dev,
         cq,
         qp,
         mr,
         mode,
+        conn,
+        recv_len,
+        posted_recvs: Cell::new(0),
+        rx_depth,
     })
 }
 
@@ -179,12 +319,21 @@ struct Peer {
     rkey: u32,
     vaddr: u64,
     ip: IpAddr,
+    conn: Connection,
+    /// UD: where SENDs go (the peer's address handle, QPN and Q_Key).
+    dest: Option<UdDest>,
 }
 
 fn hello(c: &Ctx, psn: u32) -> String {
     let ip = c.dev.addr();
+    // RC says nothing of its transport: its line is what it was before UC and UD.
+    let transport = match c.conn {
+        Connection::Rc => "",
+        Connection::Uc => " UC",
+        Connection::Ud => " UD",
+    };
     format!(
-        "{} {} {} {} {}\n",
+        "{} {} {} {} {}{transport}\n",
         c.qp.qp_num(),
         psn,
         c.mr.rkey(),
@@ -195,19 +344,30 @@ fn hello(c: &Ctx, psn: u32) -> String {
 
 fn parse_peer(line: &str) -> Res<Peer> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 5 {
+    if f.len() != 5 && f.len() != 6 {
         return Err(format!("bad exchange line {line:?}").into());
     }
+    let conn = match f.get(5) {
+        None => Connection::Rc,
+        Some(t) => Connection::parse(t).ok_or_else(|| format!("unknown transport {t:?}"))?,
+    };
     Ok(Peer {
         qpn: f[0].parse()?,
         psn: f[1].parse()?,
         rkey: f[2].parse()?,
         vaddr: f[3].parse()?,
         ip: f[4].parse()?,
+        conn,
+        dest: None,
     })
 }
 
-fn connect_qp(c: &Ctx, peer: &Peer, my_psn: u32, opts: &PerfOpts) -> Res<()> {
+fn connect_qp(c: &Ctx, peer: &mut Peer, my_psn: u32, opts: &PerfOpts) -> Res<()> {
+    if c.conn == Connection::Ud {
+        c.qp.ready_ud(QKEY, my_psn)?;
+        peer.dest = Some(Ah::new(c.qp.pd(), peer.ip).dest(peer.qpn, QKEY));
+        return Ok(());
+    }
     let access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let attr = QpAttr {
@@ -244,29 +404,76 @@ fn iters_for(test: Test, size: usize, opts: &PerfOpts) -> u64 {
     })
 }
 
-fn sizes(test: Test, opts: &PerfOpts) -> Vec<usize> {
+fn sizes(test: Test, opts: &PerfOpts) -> Res<Vec<usize>> {
     if test == Test::AtomicBw {
-        return vec![8];
+        return Ok(vec![8]);
     }
+    let conn = opts.transport().unwrap_or(Connection::Rc);
+    if conn != Connection::Ud {
+        return Ok(if opts.all {
+            (6..=20).map(|p| 1usize << p).collect()
+        } else {
+            vec![opts.size.unwrap_or(65536).clamp(1, MAX_SIZE)]
+        });
+    }
+    // A UD message is one packet: at most the MTU (perftest refuses more as well).
+    let mtu = mtu_of(opts.mtu).bytes() as usize;
     if opts.all {
-        (6..=20).map(|p| 1usize << p).collect()
-    } else {
-        vec![opts.size.clamp(1, MAX_SIZE)]
+        return Ok((6..=20)
+            .map(|p| 1usize << p)
+            .filter(|s| *s <= mtu)
+            .collect());
     }
+    match opts.size {
+        None => Ok(vec![mtu]),
+        Some(s) if s > mtu => Err(format!(
+            "a UD message is at most the MTU, {mtu} bytes (asked for {s}; see -s and --mtu)"
+        )
+        .into()),
+        Some(s) => Ok(vec![s.max(1)]),
+    }
+}
+
+/// Check that `test` runs over the transport and sizes asked for, before anything starts.
+pub fn validate(test: Test, opts: &PerfOpts) -> Res<()> {
+    let conn = opts.transport().unwrap_or(Connection::Rc);
+    if !conn.supports(test) {
+        return Err(format!(
+            "{} does not run over {}: UC runs write_bw, send_bw, write_lat and send_lat; \
+             UD runs send_bw and send_lat",
+            test.name(),
+            conn.name()
+        )
+        .into());
+    }
+    sizes(test, opts)?;
+    Ok(())
 }
 
 /// Serve one client: answer rounds until it disconnects.
 pub fn server(local: IpAddr, opts: &PerfOpts) -> Res<()> {
-    let c = open(local, opts, MAX_SIZE * 2)?;
     let listener = TcpListener::bind(SocketAddr::new(local, opts.tcp_port))?;
     let (stream, _) = listener.accept()?;
     stream.set_nodelay(true)?;
     let mut r = BufReader::new(stream.try_clone()?);
     let mut w = stream;
-    let peer = parse_peer(&line(&mut r)?)?;
+    let mut peer = parse_peer(&line(&mut r)?)?;
+    if let Some(t) = opts.transport()
+        && t != peer.conn
+    {
+        return Err(format!(
+            "the client runs {}, this server was started with {}",
+            peer.conn.name(),
+            t.name()
+        )
+        .into());
+    }
+    // The QP has the client's transport.
+    let c = open(local, opts, MAX_SIZE * 2, peer.conn)?;
     let psn = random_psn();
     w.write_all(hello(&c, psn).as_bytes())?;
-    connect_qp(&c, &peer, psn, opts)?;
+    connect_qp(&c, &mut peer, psn, opts)?;
+    let unreliable = c.conn.unreliable();
     loop {
         let cmd = match line(&mut r) {
             Ok(l) => l,
@@ -282,16 +489,28 @@ pub fn server(local: IpAddr, opts: &PerfOpts) -> Res<()> {
         let test = Test::parse(f[1]).ok_or("unknown test")?;
         let size: usize = f[2].parse()?;
         let iters: u64 = f[3].parse()?;
+        let mut arrivals = None;
         match test {
-            Test::SendBw => {
-                post_recvs(&c, size, RX_DEPTH)?;
+            Test::SendBw if unreliable => {
+                top_up_recvs(&c, c.rx_depth)?;
                 w.write_all(b"ready\n")?;
-                recv_loop(&c, size, iters, None)?;
+                arrivals = Some(unreliable_recv(&c, &r, size, iters, Count::Receives)?);
+            }
+            Test::WriteBw if unreliable => {
+                w.write_all(b"ready\n")?;
+                arrivals = Some(unreliable_recv(&c, &r, size, iters, Count::Packets)?);
+            }
+            Test::SendBw => {
+                top_up_recvs(&c, c.rx_depth)?;
+                w.write_all(b"ready\n")?;
+                recv_loop(&c, &peer, size, iters, false, None)?;
             }
             Test::SendLat => {
-                post_recvs(&c, size, RX_DEPTH.min(iters as u32 + 1))?;
+                top_up_recvs(&c, lat_recvs(&c, iters))?;
                 w.write_all(b"ready\n")?;
-                recv_loop(&c, size, iters, Some(&peer))?;
+                // Unreliable: the client gives up on a lost datagram (its line or its
+                // disconnection is waiting); so does this side then.
+                recv_loop(&c, &peer, size, iters, true, unreliable.then_some(&r))?;
             }
             Test::WriteLat => {
                 c.mr.write(size as u64 - 1, &[0])?;
@@ -315,9 +534,12 @@ pub fn server(local: IpAddr, opts: &PerfOpts) -> Res<()> {
         if end != "end" {
             return Err(format!("expected end, got {end:?}").into());
         }
-        // Leave nothing posted for the next round.
+        // Leave no completion behind for the next round (receives left posted serve it).
         drain(&c);
-        w.write_all(b"ok\n")?;
+        match arrivals {
+            Some(a) => writeln!(w, "ok {} {} {}", a.msgs, a.span.as_nanos().max(1), a.drops)?,
+            None => w.write_all(b"ok\n")?,
+        }
     }
 }
 
@@ -338,17 +560,44 @@ fn readable(r: &BufReader<TcpStream>) -> bool {
 
 fn drain(c: &Ctx) {
     let mut wc = [EMPTY_WC; 32];
-    while c.cq.poll(&mut wc) > 0 {}
+    loop {
+        let n = c.cq.poll(&mut wc);
+        if n == 0 {
+            break;
+        }
+        // A datagram that came after an unreliable round ended used a receive.
+        let used = wc[..n].iter().filter(|w| w.opcode.is_recv()).count() as u32;
+        c.posted_recvs
+            .set(c.posted_recvs.get().saturating_sub(used));
+    }
 }
 
-fn post_recvs(c: &Ctx, size: usize, n: u32) -> Res<()> {
-    for i in 0..n {
-        let sge = [c.mr.sge(0, size as u32)];
+/// Post receives until `n` are posted (those a round left posted serve the next: every
+/// receive is `recv_len` long, enough for any round).
+fn top_up_recvs(c: &Ctx, n: u32) -> Res<()> {
+    for i in c.posted_recvs.get()..n {
+        let sge = [c.mr.sge(0, c.recv_len)];
         c.qp.post_recv(&RecvWr {
             wr_id: u64::from(i),
             sg_list: &sge,
         })?;
+        c.posted_recvs.set(i + 1);
     }
+    Ok(())
+}
+
+/// Receives a ping-pong side keeps posted (one would do; at most 512, as over RC).
+fn lat_recvs(c: &Ctx, iters: u64) -> u32 {
+    RX_DEPTH.min(c.rx_depth).min(iters as u32 + 1)
+}
+
+/// Post again the receive that completion `wr_id` used.
+fn repost(c: &Ctx, wr_id: u64) -> Res<()> {
+    let sge = [c.mr.sge(0, c.recv_len)];
+    c.qp.post_recv(&RecvWr {
+        wr_id,
+        sg_list: &sge,
+    })?;
     Ok(())
 }
 
@@ -363,16 +612,27 @@ fn check(wc: &WorkCompletion) -> Res<()> {
     Ok(())
 }
 
-/// Receive `iters` SENDs, reposting receives; when `echo` is set, answer each with a SEND.
-fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
+/// Receive `iters` SENDs, reposting receives; with `echo`, answer each with a SEND. With
+/// `watch`, give up when the client's next line (or its disconnection) is waiting: over UC and
+/// UD it ends the test when a datagram is lost.
+fn recv_loop(
+    c: &Ctx,
+    peer: &Peer,
+    size: usize,
+    iters: u64,
+    echo: bool,
+    watch: Option<&BufReader<TcpStream>>,
+) -> Res<()> {
     let mut got = 0u64;
     let mut posted = 0u64;
     let mut wc = [EMPTY_WC; 32];
     // Small answers are sent inline from here, as write_lat sends its WRITEs.
     let small = [0u8; 64];
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut next_look = Instant::now();
     while got < iters {
-        if Instant::now() > deadline {
+        let now = Instant::now();
+        if now > deadline {
             return Err("timed out receiving".into());
         }
         let n = c.cq.poll(&mut wc);
@@ -380,7 +640,7 @@ fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
             check(w)?;
             if w.opcode.is_recv() {
                 got += 1;
-                if echo.is_some() {
+                if echo {
                     let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
                     let flags = if posted % 64 == 63 {
                         SendFlags::SIGNALED
@@ -394,22 +654,143 @@ fn recv_loop(c: &Ctx, size: usize, iters: u64, echo: Option<&Peer>) -> Res<()> {
                     } else {
                         SendWr::new(posted, WrOpcode::Send).sg(&sge).flags(flags)
                     };
-                    c.qp.post_send(&wr)?;
+                    c.qp.post_send(&to(peer, wr))?;
                     posted += 1;
                 }
                 // The answer goes first; the receive is posted again behind it.
-                let sge = [c.mr.sge(0, size as u32)];
-                c.qp.post_recv(&RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list: &sge,
-                })?;
+                repost(c, w.wr_id)?;
             }
         }
         if n == 0 {
+            if let Some(r) = watch
+                && now >= next_look
+            {
+                next_look = now + Duration::from_millis(1);
+                if readable(r) {
+                    return Err(format!(
+                        "the client ended the test after {got} of {iters} SENDs \
+                         (a lost datagram: see its message)"
+                    )
+                    .into());
+                }
+            }
             idle_after_poll(c);
         }
     }
     Ok(())
+}
+
+/// A send work request addressed for the peer: over UD, to its address handle and QP.
+fn to<'a>(peer: &Peer, wr: SendWr<'a>) -> SendWr<'a> {
+    match peer.dest {
+        Some(d) => wr.ud(d),
+        None => wr,
+    }
+}
+
+/// What an unreliable bandwidth round counts at the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Count {
+    /// Receive completions (SEND).
+    Receives,
+    /// Packets that reached the QP, in messages (RDMA WRITE completes nothing here).
+    Packets,
+}
+
+/// What reached the receiver in an unreliable bandwidth round.
+struct Arrivals {
+    /// Messages.
+    msgs: u64,
+    /// From the receiver's `ready` to the last arrival.
+    span: Duration,
+    /// Messages the receiving QP dropped (no receive posted, too long, cut by a gap, ...).
+    drops: u64,
+}
+
+fn unrel_drops(u: &UnrelCounters) -> u64 {
+    u.qkey_drops
+        + u.no_recv_drops
+        + u.len_drops
+        + u.uc_gap_drops
+        + u.access_drops
+        + u.suspended_drops
+        + u.malformed
+}
+
+/// Receive an unreliable bandwidth round: count what arrives until all `iters` messages are
+/// in, or the client has sent everything (its `end` line is waiting) and nothing arrived for
+/// [`GRACE`], or nothing arrived for [`IDLE_END`]. Receives are reposted as they complete.
+fn unreliable_recv(
+    c: &Ctx,
+    r: &BufReader<TcpStream>,
+    size: usize,
+    iters: u64,
+    count: Count,
+) -> Res<Arrivals> {
+    let mtu = c.dev.config().active_mtu.bytes() as usize;
+    let npkts = size.div_ceil(mtu).max(1) as u64;
+    let before = c.qp.counters();
+    let reached = |k: &softrdma::rc::QpCounters| k.packets_received - k.packets_dropped;
+    let pkts0 = reached(&before);
+    let mut pkts = pkts0;
+    let start = Instant::now();
+    let mut last = start;
+    let mut next_look = start;
+    let mut ended = false;
+    let mut got = 0u64;
+    let mut wc = [EMPTY_WC; 32];
+    while got < iters {
+        let arrived = match count {
+            Count::Receives => {
+                let n = c.cq.poll(&mut wc);
+                for w in &wc[..n] {
+                    check(w)?;
+                    if w.opcode.is_recv() {
+                        got += 1;
+                        repost(c, w.wr_id)?;
+                    }
+                }
+                n > 0
+            }
+            Count::Packets => {
+                match c.mode {
+                    PollMode::BusyPoll => {
+                        for _ in 0..16 {
+                            c.dev.progress();
+                        }
+                    }
+                    PollMode::Blocking => std::thread::sleep(Duration::from_micros(20)),
+                }
+                let p = reached(&c.qp.counters());
+                let moved = p != pkts;
+                pkts = p;
+                got = (p - pkts0) / npkts;
+                moved
+            }
+        };
+        let now = Instant::now();
+        if arrived {
+            last = now;
+            continue;
+        }
+        if count == Count::Receives {
+            idle_after_poll(c);
+        }
+        if now >= next_look {
+            next_look = now + Duration::from_millis(1);
+            ended = ended || readable(r);
+            let quiet = now - last;
+            if (ended && quiet >= GRACE) || quiet >= IDLE_END {
+                break;
+            }
+        }
+    }
+    let after = c.qp.counters();
+    Ok(Arrivals {
+        msgs: got.min(iters),
+        span: last - start,
+        drops: unrel_drops(&after.unrel) - unrel_drops(&before.unrel),
+    })
 }
 
 /// Wait a moment after a CQ poll found nothing: in busy-poll mode the poll itself drove the
@@ -448,6 +829,7 @@ fn write_pingpong(
     let mut byte = [0u8];
     let mut src = vec![0u8; size];
     let deadline = Instant::now() + Duration::from_secs(120);
+    let unreliable = c.conn.unreliable();
     for i in 0..iters {
         let marker = (i % 255) as u8 + 1;
         let t0 = Instant::now();
@@ -488,8 +870,19 @@ fn write_pingpong(
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) && Instant::now() > deadline {
-                return Err("timed out waiting for the peer's write".into());
+            if spins.is_multiple_of(1024) {
+                let now = Instant::now();
+                if now > deadline {
+                    return Err("timed out waiting for the peer's write".into());
+                }
+                if unreliable && now - t0 > ANSWER_TIMEOUT {
+                    return Err(format!(
+                        "round {i}: no WRITE from the peer within {} s: a packet was lost \
+                         (UC resends nothing, and this test does not either)",
+                        ANSWER_TIMEOUT.as_secs()
+                    )
+                    .into());
+                }
             }
             // In busy-poll mode only a progress call that handled packets can have placed
             // the WRITE, unless the engine thread stepped in (this poller looked quiet to
@@ -533,6 +926,20 @@ pub struct Row {
     pub timeouts: u64,
     /// See `timeouts`.
     pub retransmits: u64,
+    /// The transport.
+    pub connection: Connection,
+    /// UC and UD bandwidth tests: the messages that reached the receiver (SEND: its receive
+    /// completions; UC WRITE: the packets that reached its QP, in messages). `mb_per_s` and
+    /// `msg_rate` are then what the sender sent (a send completes when its packet is built).
+    pub received: u64,
+    /// UC and UD bandwidth tests: the receiver's message rate, received messages over the
+    /// time from its `ready` to the last arrival.
+    pub rx_msg_rate: f64,
+    /// UC and UD bandwidth tests: the same in MB/s.
+    pub rx_mb_per_s: f64,
+    /// UC and UD bandwidth tests: messages the receiving QP dropped (no receive posted, too
+    /// long, cut by a PSN gap, ...); the rest of the loss was in the sockets.
+    pub rx_drops: u64,
 }
 
 fn cpu_seconds() -> f64 {
@@ -599,7 +1006,7 @@ fn bw_client(
                         add: 1,
                     },
                 };
-                list[k] = Some(SendWr::new(id, op).sg(&sge).flags(flags));
+                list[k] = Some(to(peer, SendWr::new(id, op).sg(&sge).flags(flags)));
                 k += 1;
             }
             let wrs: Vec<SendWr<'_>> = list[..k].iter().flatten().copied().collect();
@@ -639,10 +1046,15 @@ fn bw_client(
         cpu_s_per_gb: cpu / (bytes / 1e9),
         timeouts: 0,
         retransmits: 0,
+        connection: c.conn,
+        received: 0,
+        rx_msg_rate: 0.0,
+        rx_mb_per_s: 0.0,
+        rx_drops: 0,
     })
 }
 
-fn lat_row(test: Test, size: usize, mut t: Vec<Duration>, halve: bool) -> Row {
+fn lat_row(conn: Connection, test: Test, size: usize, mut t: Vec<Duration>, halve: bool) -> Row {
     t.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6 / if halve { 2.0 } else { 1.0 };
     let n = t.len().max(1);
@@ -658,6 +1070,11 @@ fn lat_row(test: Test, size: usize, mut t: Vec<Duration>, halve: bool) -> Row {
         cpu_s_per_gb: 0.0,
         timeouts: 0,
         retransmits: 0,
+        connection: conn,
+        received: 0,
+        rx_msg_rate: 0.0,
+        rx_mb_per_s: 0.0,
+        rx_drops: 0,
     }
 }
 
@@ -694,12 +1111,18 @@ fn read_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Dur
     Ok(times)
 }
 
-fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
-    post_recvs(c, size, RX_DEPTH.min(iters as u32 + 1))?;
+fn send_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Duration>> {
+    top_up_recvs(c, lat_recvs(c, iters))?;
     let mut times = Vec::with_capacity(iters as usize);
     let mut wc = [EMPTY_WC; 8];
     // Small messages are sent inline from here, as write_lat sends its WRITEs.
     let small = [0u8; 64];
+    // Over UC and UD a lost SEND (or answer) is not resent: the round fails after a while.
+    let bound = if c.conn.unreliable() {
+        ANSWER_TIMEOUT
+    } else {
+        Duration::from_secs(30)
+    };
     for i in 0..iters {
         let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
         let flags = if i % 64 == 63 {
@@ -713,9 +1136,10 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
         } else {
             wr.sg(&sge).flags(flags)
         };
+        let wr = to(peer, wr);
         let t0 = Instant::now();
         c.qp.post_send(&wr)?;
-        let deadline = t0 + Duration::from_secs(30);
+        let deadline = t0 + bound;
         let mut spins = 0u32;
         let answer = 'wait: loop {
             let n = c.cq.poll(&mut wc);
@@ -727,6 +1151,9 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) && Instant::now() > deadline {
+                if c.conn.unreliable() {
+                    return Err(lost_answer(c, i, iters));
+                }
                 return Err("timed out waiting for the answer".into());
             }
             if n == 0 {
@@ -736,13 +1163,24 @@ fn send_lat_client(c: &Ctx, size: usize, iters: u64) -> Res<Vec<Duration>> {
         times.push(t0.elapsed());
         // Reposting the receive is bookkeeping between round trips (as the send completions
         // of write_lat), not part of one.
-        let sge = [c.mr.sge(0, size as u32)];
-        c.qp.post_recv(&RecvWr {
-            wr_id: answer,
-            sg_list: &sge,
-        })?;
+        repost(c, answer)?;
     }
     Ok(times)
+}
+
+/// The error of an unreliable ping-pong whose answer did not come.
+fn lost_answer(c: &Ctx, i: u64, iters: u64) -> Box<dyn std::error::Error> {
+    let u = c.qp.counters().unrel;
+    format!(
+        "round {i} of {iters}: no answer within {} s: the SEND or its answer was lost \
+         ({} resends nothing, and this test does not either, so that every timed round trip \
+         is one SEND each way, as over RC); this side's drops: {} without a receive, {} other",
+        ANSWER_TIMEOUT.as_secs(),
+        c.conn.name(),
+        u.no_recv_drops,
+        unrel_drops(&u) - u.no_recv_drops
+    )
+    .into()
 }
 
 /// A progress line on standard error for runs longer than a second.
@@ -797,7 +1235,9 @@ pub fn client(
     opts: &PerfOpts,
     out: &mut dyn Write,
 ) -> Res<Vec<Row>> {
-    let c = open(local, opts, MAX_SIZE * 2)?;
+    validate(test, opts)?;
+    let conn = opts.transport().unwrap_or(Connection::Rc);
+    let c = open(local, opts, MAX_SIZE * 2, conn)?;
     let stream = connect_retry(
         SocketAddr::new(server, opts.tcp_port),
         Duration::from_secs(20),
@@ -807,11 +1247,14 @@ pub fn client(
     let mut w = stream;
     let psn = random_psn();
     w.write_all(hello(&c, psn).as_bytes())?;
-    let peer = parse_peer(&line(&mut r)?)?;
-    connect_qp(&c, &peer, psn, opts)?;
-    header(test, opts, out)?;
+    let mut peer = parse_peer(&line(&mut r)?)?;
+    if peer.conn != conn {
+        return Err(format!("the server runs {}, not {}", peer.conn.name(), conn.name()).into());
+    }
+    connect_qp(&c, &mut peer, psn, opts)?;
+    header(test, opts, conn, out)?;
     let mut rows = Vec::new();
-    for size in sizes(test, opts) {
+    for size in sizes(test, opts)? {
         let iters = iters_for(test, size, opts);
         writeln!(w, "run {} {size} {iters}", test.name())?;
         let ready = line(&mut r)?;
@@ -825,14 +1268,27 @@ pub fn client(
             Test::WriteLat => {
                 c.mr.write(size as u64 - 1, &[0])?;
                 lat_row(
+                    conn,
                     test,
                     size,
                     write_pingpong(&c, &peer, size, iters, true)?,
                     true,
                 )
             }
-            Test::ReadLat => lat_row(test, size, read_lat_client(&c, &peer, size, iters)?, false),
-            _ => lat_row(test, size, send_lat_client(&c, size, iters)?, true),
+            Test::ReadLat => lat_row(
+                conn,
+                test,
+                size,
+                read_lat_client(&c, &peer, size, iters)?,
+                false,
+            ),
+            _ => lat_row(
+                conn,
+                test,
+                size,
+                send_lat_client(&c, &peer, size, iters)?,
+                true,
+            ),
         };
         progress.finish();
         let after = c.qp.counters().comp;
@@ -840,8 +1296,19 @@ pub fn client(
         row.retransmits = after.retransmits - before.retransmits;
         w.write_all(b"end\n")?;
         let ok = line(&mut r)?;
-        if ok != "ok" {
-            return Err(format!("server: {ok}").into());
+        let f: Vec<&str> = ok.split_whitespace().collect();
+        match f[..] {
+            ["ok"] => {}
+            // An unreliable bandwidth round: what reached the server.
+            ["ok", got, ns, drops] => {
+                let got: u64 = got.parse()?;
+                let secs = ns.parse::<u64>()? as f64 * 1e-9;
+                row.received = got;
+                row.rx_msg_rate = got as f64 / secs;
+                row.rx_mb_per_s = got as f64 * size as f64 / secs / 1e6;
+                row.rx_drops = drops.parse()?;
+            }
+            _ => return Err(format!("server: {ok}").into()),
         }
         drain(&c);
         print_row(&row, opts, out)?;
@@ -864,7 +1331,7 @@ fn connect_retry(addr: SocketAddr, total: Duration) -> Res<TcpStream> {
     }
 }
 
-fn header(test: Test, opts: &PerfOpts, out: &mut dyn Write) -> Res<()> {
+fn header(test: Test, opts: &PerfOpts, conn: Connection, out: &mut dyn Write) -> Res<()> {
     if opts.json {
         return Ok(());
     }
@@ -874,8 +1341,9 @@ fn header(test: Test, opts: &PerfOpts, out: &mut dyn Write) -> Res<()> {
     )?;
     writeln!(
         out,
-        " softrdma perf {}  (RC, path MTU {}, {} mode)",
+        " softrdma perf {}  ({}, path MTU {}, {} mode)",
         test.name(),
+        conn.name(),
         opts.mtu,
         if opts.mode == Mode::Busy {
             "busy-poll"
@@ -883,11 +1351,53 @@ fn header(test: Test, opts: &PerfOpts, out: &mut dyn Write) -> Res<()> {
             "blocking"
         }
     )?;
+    if conn.unreliable() {
+        if test.is_bw() {
+            writeln!(
+                out,
+                " {}: nothing is acknowledged or resent. BW and MsgRate: what the sender sent (a send\n \
+                 completes when its packet is built). Rx: what reached the receiver, over the time\n \
+                 from its ready to its last arrival (it stops {} ms after the sender's last message,\n \
+                 or after {} s with nothing); lost: sent but not received.",
+                conn.name(),
+                GRACE.as_millis(),
+                IDLE_END.as_secs()
+            )?;
+        } else {
+            writeln!(
+                out,
+                " {}: a lost message is not resent: a round trip unanswered for {} s ends the test\n \
+                 with an error (resending would need a sequence number in each message; as it is,\n \
+                 every timed round trip is one {} each way, as over RC).",
+                conn.name(),
+                ANSWER_TIMEOUT.as_secs(),
+                if test == Test::WriteLat {
+                    "WRITE"
+                } else {
+                    "SEND"
+                }
+            )?;
+        }
+    }
     writeln!(
         out,
         "---------------------------------------------------------------------------------------"
     )?;
-    if test.is_bw() {
+    if test.is_bw() && conn.unreliable() {
+        writeln!(
+            out,
+            " {:>10} {:>12} {:>14} {:>14} {:>14} {:>14} {:>14} {:>10} {:>8}",
+            "#bytes",
+            "#iterations",
+            "BW [MB/sec]",
+            "MsgRate[Mpps]",
+            "CPU [s/GB]",
+            "RxBW [MB/sec]",
+            "RxMsgRate[Mpps]",
+            "received",
+            "lost[%]"
+        )?;
+    } else if test.is_bw() {
         writeln!(
             out,
             " {:>10} {:>12} {:>14} {:>14} {:>14}",
@@ -911,16 +1421,40 @@ fn header(test: Test, opts: &PerfOpts, out: &mut dyn Write) -> Res<()> {
 }
 
 fn print_row(row: &Row, opts: &PerfOpts, out: &mut dyn Write) -> Res<()> {
+    let unreliable_bw = row.test.is_bw() && row.connection.unreliable();
+    let lost = row.iters.saturating_sub(row.received);
     if opts.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "test": row.test.name(), "size": row.size, "iters": row.iters, "mb_per_s": row.mb_per_s,
             "msg_rate": row.msg_rate, "cpu_s_per_gb": row.cpu_s_per_gb,
             "lat_min_us": row.lat_us[0], "lat_typical_us": row.lat_us[1], "lat_avg_us": row.lat_us[2],
             "lat_p99_us": row.lat_us[3], "lat_max_us": row.lat_us[4],
             "mtu": opts.mtu, "mode": if opts.mode == Mode::Busy { "busy" } else { "blocking" },
             "timeouts": row.timeouts, "retransmits": row.retransmits,
+            "connection": row.connection.name(),
         });
+        if unreliable_bw {
+            v["received"] = row.received.into();
+            v["lost"] = lost.into();
+            v["rx_msg_rate"] = row.rx_msg_rate.into();
+            v["rx_mb_per_s"] = row.rx_mb_per_s.into();
+            v["rx_drops"] = row.rx_drops.into();
+        }
         writeln!(out, "{v}")?;
+    } else if unreliable_bw {
+        writeln!(
+            out,
+            " {:>10} {:>12} {:>14.1} {:>14.4} {:>14.3} {:>14.1} {:>14.4} {:>10} {:>8.2}",
+            row.size,
+            row.iters,
+            row.mb_per_s,
+            row.msg_rate / 1e6,
+            row.cpu_s_per_gb,
+            row.rx_mb_per_s,
+            row.rx_msg_rate / 1e6,
+            row.received,
+            lost as f64 * 100.0 / row.iters.max(1) as f64
+        )?;
     } else if row.test.is_bw() {
         writeln!(
             out,
