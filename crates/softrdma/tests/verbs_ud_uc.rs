@@ -192,6 +192,8 @@ fn ud_refuses_oversize_posts_and_drops_what_finds_no_receive() {
     }
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(b.qp.counters().unrel.no_recv_drops, 3);
+    // MTU-sized payloads from a registered buffer are lent to the socket, not copied.
+    assert_eq!(a.dev.counters().tx_zero_copy.load(Ordering::Relaxed), 3);
     // A receive too short for GRH + payload: the datagram is dropped, the receive kept.
     let rbuf =
         b.pd.reg_buffer(vec![0u8; 2048], Access::LOCAL_WRITE)
@@ -290,6 +292,8 @@ fn uc_send_and_write_with_immediate() {
             (71, WcOpcode::Recv, len as u32)
         );
         assert_eq!(rbuf.to_vec().unwrap(), src);
+        // The payloads left the registered buffer without a copy into the transmit buffer.
+        assert!(a.dev.counters().tx_zero_copy.load(Ordering::Relaxed) >= 2 * 48);
         // READ does not exist on UC.
         let rd = SendWr::new(
             3,

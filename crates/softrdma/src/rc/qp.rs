@@ -694,7 +694,7 @@ impl Qp {
                 icrc: self.icrc.as_ref(),
                 qkey: self.attr.qkey,
             };
-            let out = self.send.poll_unreliable(&env, buf);
+            let out = self.send.poll_unreliable(&env, buf, gather);
             self.retire();
             return match out {
                 ReqOutput::Packet(n) => {

@@ -486,18 +486,32 @@ fn build_request(
     let ack_req = (pos.ends() && end_ack) || force_ack;
     h.bth.ack_req = ack_req;
     let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
+    let n = emit_payload(w, seq, &h, (off, plen), (actx, mem, icrc), (buf, gather))?;
+    Ok((n, ack_req, 1))
+}
+
+/// Emit headers `h` with the `plen` payload bytes of `w` (SQ sequence number `seq`) from
+/// message offset `off`: lent into the gather when there is one and the bytes can be (at
+/// least [`LEND_MIN`] of them, from memory that can be lent), else copied behind the headers.
+/// Returns the packet's length in `buf`.
+pub(super) fn emit_payload(
+    w: &SendWqe,
+    seq: u64,
+    h: &HeaderRepr,
+    (off, plen): (u64, usize),
+    (actx, mem, icrc): (AccessCtx, &dyn MemoryAccess, &IcrcPrefix),
+    (buf, gather): (&mut [u8], Option<&mut Gather>),
+) -> Result<usize, LocalErr> {
     if let Some(g) = gather
         && !w.use_inline
         && plen >= LEND_MIN
         && lend_payload(w, seq, off, plen, actx, mem, g)?
     {
-        let n = emit_lent(&h, plen, icrc, buf, g)?;
-        return Ok((n, ack_req, 1));
+        return Ok(emit_lent(h, plen, icrc, buf, g)?);
     }
-    let n = emit_sealed(&h, plen, icrc, buf, |dst| {
+    emit_sealed(h, plen, icrc, buf, |dst| {
         copy_payload(w, off, dst, actx, mem)
-    })?;
-    Ok((n, ack_req, 1))
+    })
 }
 
 /// Copy `dst.len()` payload bytes of `w` from message offset `off` (inline data or the local

@@ -2,10 +2,12 @@
 //! packet is built.
 
 use super::super::QpType;
+use super::super::gather::Gather;
 use super::super::requester::{
-    LocalErr, ReqOutput, check_local, copy_payload, emit_sealed, execute_local, packets_for,
+    LocalErr, ReqOutput, check_local, emit_payload, execute_local, packets_for,
 };
 use super::super::sq::SendSide;
+use super::super::sq::SendWqe;
 use super::super::wr::{SendFlags, WcStatus, WrOpcode};
 use super::UdDest;
 use crate::mem::{AccessCtx, MemoryAccess};
@@ -37,7 +39,13 @@ impl SendSide {
     /// Produce the next UC or UD request packet into `buf`, or execute local WQEs. A WQE
     /// completes (successfully) once its last packet is built: nothing is acknowledged. UC
     /// packets go by the QP's address vector, UD packets each to their WQE's destination.
-    pub fn poll_unreliable(&mut self, env: &TxEnv<'_>, buf: &mut [u8]) -> ReqOutput {
+    /// With `gather`, payloads of memory that can be lent are (see [`Gather`]).
+    pub fn poll_unreliable(
+        &mut self,
+        env: &TxEnv<'_>,
+        buf: &mut [u8],
+        mut gather: Option<&mut Gather>,
+    ) -> ReqOutput {
         let TxEnv {
             qp_type: t,
             now,
@@ -107,9 +115,12 @@ impl SendSide {
             let w = self.sq.get(seq);
             let idx = self.req_pkt;
             let built = match (t, w.ud) {
-                (QpType::Ud, Some(d)) => build_ud(w, d, env, buf),
+                (QpType::Ud, Some(d)) => build_ud((w, seq), d, env, (buf, gather.take())),
                 (QpType::Uc, _) => match icrc {
-                    Some(p) => build_uc(w, (idx, self.dest_qpn, self.mtu), env, p, buf),
+                    Some(p) => {
+                        let at = (idx, self.dest_qpn, self.mtu);
+                        build_uc((w, seq), at, env, p, (buf, gather.take()))
+                    }
                     None => return ReqOutput::Idle,
                 },
                 _ => Err(LocalErr::Fail(WcStatus::LocQpOpErr)),
@@ -144,13 +155,13 @@ impl SendSide {
     }
 }
 
-/// Packet `idx` of UC WQE `w`, to QP `dest_qpn` at path MTU `mtu`.
+/// Packet `idx` of UC WQE `w` (SQ sequence number `seq`), to QP `dest_qpn` at path MTU `mtu`.
 fn build_uc(
-    w: &super::super::sq::SendWqe,
+    (w, seq): (&SendWqe, u64),
     (idx, dest_qpn, mtu): (u32, u32, u32),
     env: &TxEnv<'_>,
     icrc: &IcrcPrefix,
-    buf: &mut [u8],
+    out: (&mut [u8], Option<&mut Gather>),
 ) -> Result<usize, LocalErr> {
     let (actx, mem) = (env.actx, env.mem);
     let pos = position(idx, w.npkts);
@@ -186,17 +197,15 @@ fn build_uc(
     }
     let off = u64::from(idx) * u64::from(mtu);
     let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
-    emit_sealed(&h, plen, icrc, buf, |dst| {
-        copy_payload(w, off, dst, actx, mem)
-    })
+    emit_payload(w, seq, &h, (off, plen), (actx, mem, icrc), out)
 }
 
-/// The one packet of UD WQE `w` to `d`.
+/// The one packet of UD WQE `w` (SQ sequence number `seq`) to `d`.
 fn build_ud(
-    w: &super::super::sq::SendWqe,
+    (w, seq): (&SendWqe, u64),
     d: UdDest,
     env: &TxEnv<'_>,
-    buf: &mut [u8],
+    out: (&mut [u8], Option<&mut Gather>),
 ) -> Result<usize, LocalErr> {
     let (actx, mem, qp_qkey) = (env.actx, env.mem, env.qkey);
     let icrc = &IcrcPrefix::new(d.av);
@@ -218,9 +227,7 @@ fn build_ud(
     });
     h.immdt = imm;
     h.bth.se = w.flags.contains(SendFlags::SOLICITED);
-    emit_sealed(&h, w.len as usize, icrc, buf, |dst| {
-        copy_payload(w, 0, dst, actx, mem)
-    })
+    emit_payload(w, seq, &h, (0, w.len as usize), (actx, mem, icrc), out)
 }
 
 fn position(idx: u32, n: u32) -> Position {
