@@ -429,7 +429,13 @@ const SPINNER_GRACE: u64 = 30_000;
 
 /// Wake-ups for a datagram a poller took after all, in a row, after which the engine thread
 /// stops watching the socket for memory-spinning applications (the pollers receive again).
-const SPINNER_SKIPS: u32 = 16;
+const SPINNER_SKIPS: u32 = 8;
+
+/// Take-overs in a row (pollers quiet for POLLER_ACTIVE, the waker fired) that found datagrams
+/// waiting, after which the engine thread watches the socket for a memory-spinning
+/// application: such an application stalls every round trip, a one-off (a connection set up,
+/// an application pausing) does not.
+const SPINNER_TAKEOVERS: u32 = 3;
 
 /// After a scan of the QPs' timers, the next waits at least this long per QP of the device
 /// (ns).

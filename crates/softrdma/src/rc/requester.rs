@@ -93,44 +93,11 @@ impl SendSide {
                         return ReqOutput::Idle;
                     }
                 }
-                if w.op.is_local() {
-                    let st = execute_local(w, actx, mem);
-                    if let (WcStatus::Success, WrOpcode::LocalInv { rkey }) = (st, w.op) {
-                        self.invalidated.push(rkey);
-                    }
-                    let w = self.sq.get_mut(seq);
-                    w.done = Some(st);
-                    w.psn_assigned = true;
-                    if st != WcStatus::Success {
-                        self.halted = true;
-                        return ReqOutput::Idle;
-                    }
-                    continue;
+                match self.start_wqe(seq, now, actx, mem) {
+                    Start::Started => {}
+                    Start::Next => continue,
+                    Start::Stop => return ReqOutput::Idle,
                 }
-                match check_local(w, actx, mem) {
-                    Ok(()) => {}
-                    Err(LocalErr::Wait) => {
-                        // A local region is suspended: wait, as for an RNR NAK, and look again.
-                        self.rnr_deadline = Some(now + LOCAL_SUSPEND_WAIT_NS);
-                        return ReqOutput::Idle;
-                    }
-                    Err(LocalErr::Fail(st)) => {
-                        self.sq.get_mut(seq).done = Some(st);
-                        self.halted = true;
-                        return ReqOutput::Idle;
-                    }
-                }
-                let (mtu, first) = (self.mtu, self.next_psn);
-                let w = self.sq.get_mut(seq);
-                w.first_psn = first;
-                w.npkts = if w.op.is_atomic() {
-                    1
-                } else {
-                    packets_for(u64::from(w.len), mtu)
-                };
-                w.psn_assigned = true;
-                self.next_psn = first.add(w.npkts);
-                self.req_pkt = 0;
             }
             let w = self.sq.get(seq);
             if self.req_pkt >= w.npkts {
@@ -197,7 +164,69 @@ impl SendSide {
     }
 }
 
+/// What starting a WQE came to ([`SendSide::start_wqe`]).
+pub(super) enum Start {
+    /// Its PSNs are assigned: build its packets.
+    Started,
+    /// A local operation, executed: look at the next WQE.
+    Next,
+    /// Nothing more now (a suspended local region to wait for, or the WQE failed).
+    Stop,
+}
+
 impl SendSide {
+    /// Start WQE `seq`: execute a local operation (LOCAL_INV, BIND_MW) in queue order, or
+    /// check the local buffers and give the message its PSNs. A suspended local region makes
+    /// the requester wait as for an RNR NAK and look again; a failure ends the WQE and halts
+    /// the requester. Shared by RC, UC and UD.
+    pub(super) fn start_wqe(
+        &mut self,
+        seq: u64,
+        now: u64,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+    ) -> Start {
+        let w = self.sq.get(seq);
+        if w.op.is_local() {
+            let st = execute_local(w, actx, mem);
+            if let (WcStatus::Success, WrOpcode::LocalInv { rkey }) = (st, w.op) {
+                self.invalidated.push(rkey);
+            }
+            let w = self.sq.get_mut(seq);
+            w.done = Some(st);
+            w.psn_assigned = true;
+            if st != WcStatus::Success {
+                self.halted = true;
+                return Start::Stop;
+            }
+            return Start::Next;
+        }
+        match check_local(w, actx, mem) {
+            Ok(()) => {}
+            Err(LocalErr::Wait) => {
+                self.rnr_deadline = Some(now + LOCAL_SUSPEND_WAIT_NS);
+                return Start::Stop;
+            }
+            Err(LocalErr::Fail(st)) => {
+                self.sq.get_mut(seq).done = Some(st);
+                self.halted = true;
+                return Start::Stop;
+            }
+        }
+        let (mtu, first) = (self.mtu, self.next_psn);
+        let w = self.sq.get_mut(seq);
+        w.first_psn = first;
+        w.npkts = if w.op.is_atomic() {
+            1
+        } else {
+            packets_for(u64::from(w.len), mtu)
+        };
+        w.psn_assigned = true;
+        self.next_psn = first.add(w.npkts);
+        self.req_pkt = 0;
+        Start::Started
+    }
+
     /// For packet `idx` of READ/atomic `w`: how many PSNs from there already have their
     /// response. A go-back-N skips them and asks for the rest of the READ from the first
     /// one missing (see `request_holes`).

@@ -189,6 +189,8 @@ impl Engine {
         // row find pollers taking the datagrams again.
         let mut spinner = false;
         let mut skips = 0u32;
+        // Take-overs in a row that found datagrams waiting (see SPINNER_TAKEOVERS).
+        let mut takeovers = 0u32;
         // The last wake-up for the socket found a poller polling: the next wait leaves the
         // socket alone for SPINNER_GRACE (it stays readable until the poller takes it).
         let mut nap = false;
@@ -225,7 +227,9 @@ impl Engine {
             // waker back: the thread sleeps until they have gone quiet (or `stop`).
             let wait = match (watch_socket, retry) {
                 (true, _) => wait,
-                (false, _) if nap => SPINNER_GRACE,
+                // Each wake-up in a row that found a poller taking the datagrams doubles the
+                // next nap (up to POLLER_ACTIVE), so that an active poller costs few of them.
+                (false, _) if nap => (SPINNER_GRACE << skips.min(5)).min(POLLER_ACTIVE),
                 (false, true) => ENGINE_RETRY,
                 (false, false) => IDLE,
             };
@@ -292,6 +296,9 @@ impl Engine {
                 skips += 1;
                 spinner = skips < SPINNER_SKIPS;
                 nap = true;
+                if !spinner {
+                    takeovers = 0;
+                }
             }
             // While pollers are active they hold the receive path (and send held ACKs when
             // due); this thread keeps off the receive lock, so that being preempted while
@@ -306,16 +313,31 @@ impl Engine {
                         .fetch_add(1, Ordering::Relaxed);
                     let found = self.receive(&mut rx, false);
                     drop(rx);
-                    // Datagrams nobody polled for (busy-poll mode): the application waits
-                    // without polling; watch the socket for it from now on.
-                    if self.mode == PollMode::BusyPoll && found > 0 {
-                        if !spinner {
-                            self.counters
-                                .spinner_watches
-                                .fetch_add(1, Ordering::Relaxed);
+                    // Busy-poll mode: datagrams waited for a take-over, round after round (the
+                    // application waits without polling): watch the socket for it from now
+                    // on. While watching, a datagram taken when no thread had even posted for
+                    // SPINNER_GRACE confirms it; one a busy poster left behind does not.
+                    if self.mode == PollMode::BusyPoll {
+                        let idle = self
+                            .now()
+                            .saturating_sub(self.last_poll.load(Ordering::Relaxed))
+                            > SPINNER_GRACE;
+                        if spinner {
+                            if found > 0 && idle {
+                                skips = 0;
+                            }
+                        } else if pollers_quiet && found > 0 {
+                            takeovers += 1;
+                            if takeovers >= SPINNER_TAKEOVERS {
+                                self.counters
+                                    .spinner_watches
+                                    .fetch_add(1, Ordering::Relaxed);
+                                spinner = true;
+                                skips = 0;
+                            }
+                        } else if pollers_quiet {
+                            takeovers = 0;
                         }
-                        spinner = true;
-                        skips = 0;
                     }
                     // One round of left-over answers between two receives.
                     self.serve_pending_transmit();
@@ -326,6 +348,13 @@ impl Engine {
                 None => {
                     woken_for_nothing = ready || pollers_quiet;
                     retry = pollers_quiet;
+                    // Watching for a memory spinner, but a poller had the receive path: that
+                    // poller takes the datagrams; nap as after a skip.
+                    if spinner_turn {
+                        skips += 1;
+                        spinner = skips < SPINNER_SKIPS;
+                        nap = true;
+                    }
                 }
             }
         }

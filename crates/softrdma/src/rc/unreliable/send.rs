@@ -3,9 +3,7 @@
 
 use super::super::QpType;
 use super::super::gather::Gather;
-use super::super::requester::{
-    LocalErr, ReqOutput, check_local, emit_payload, execute_local, packets_for,
-};
+use super::super::requester::{LocalErr, ReqOutput, Start, emit_payload};
 use super::super::sq::SendSide;
 use super::super::sq::SendWqe;
 use super::super::wr::{SendFlags, WcStatus, WrOpcode};
@@ -77,40 +75,11 @@ impl SendSide {
                 if sqd {
                     return ReqOutput::Idle;
                 }
-                if w.op.is_local() {
-                    let st = execute_local(w, actx, mem);
-                    if let (WcStatus::Success, WrOpcode::LocalInv { rkey }) = (st, w.op) {
-                        self.invalidated.push(rkey);
-                    }
-                    let w = self.sq.get_mut(seq);
-                    w.done = Some(st);
-                    w.psn_assigned = true;
-                    if st != WcStatus::Success {
-                        self.halted = true;
-                        return ReqOutput::Idle;
-                    }
-                    continue;
+                match self.start_wqe(seq, now, actx, mem) {
+                    Start::Started => {}
+                    Start::Next => continue,
+                    Start::Stop => return ReqOutput::Idle,
                 }
-                match check_local(w, actx, mem) {
-                    Ok(()) => {}
-                    Err(LocalErr::Wait) => {
-                        self.rnr_deadline =
-                            Some(now + super::super::requester::LOCAL_SUSPEND_WAIT_NS);
-                        return ReqOutput::Idle;
-                    }
-                    Err(LocalErr::Fail(st)) => {
-                        self.sq.get_mut(seq).done = Some(st);
-                        self.halted = true;
-                        return ReqOutput::Idle;
-                    }
-                }
-                let (mtu, first) = (self.mtu, self.next_psn);
-                let w = self.sq.get_mut(seq);
-                w.first_psn = first;
-                w.npkts = packets_for(u64::from(w.len), mtu);
-                w.psn_assigned = true;
-                self.next_psn = first.add(w.npkts);
-                self.req_pkt = 0;
             }
             let w = self.sq.get(seq);
             let idx = self.req_pkt;
