@@ -200,3 +200,28 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         Ok(())
     })
 }
+
+/// `ibv_resolve_eth_l2_from_gid` (IBVERBS_1.1): the Ethernet MAC (and VLAN) of the peer named by
+/// `attr->grh.dgid`. softrdma runs over UDP sockets and has no view of layer 2 (the kernel's
+/// neighbour table answers for its packets), so there is no answer to give: the function
+/// returns `-EOPNOTSUPP`, or `-EINVAL` for a foreign context or a NULL `attr` or `eth_mac`
+/// (rdma-core's convention for this function: 0 or a negative errno; errno is set to the
+/// positive value as well). Nothing is written.
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted and never dereferenced.
+pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
+    context: *mut ibv_context,
+    attr: *mut ibv_ah_attr,
+    eth_mac: *mut u8,
+    _vid: *mut u16,
+) -> c_int {
+    let e = ffi_errno(|| {
+        if !registry::contains(context, Kind::Context) || attr.is_null() || eth_mac.is_null() {
+            return Err(libc::EINVAL);
+        }
+        Err(libc::EOPNOTSUPP)
+    });
+    crate::errno::set_errno(e);
+    -e
+}

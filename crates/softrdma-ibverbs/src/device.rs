@@ -231,3 +231,12 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_co
 pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     ffi_minus1(|| Context::close(context))
 }
+
+/// `ibv_register_driver@IBVERBS_1.1` (a compatibility symbol only: verbs.h no longer declares
+/// it, and a new program cannot link it): the entry point of libibverbs 1.1-era providers,
+/// which called it from their constructors. softrdma loads no providers, so it does nothing.
+pub extern "C" fn ibv_register_driver(
+    _name: *const c_char,
+    _init_func: Option<unsafe extern "C" fn()>,
+) {
+}

@@ -7,6 +7,12 @@
 //! value pass through untouched). rustc's script does not name those symbols, so
 //! `libibverbs.map` assigns their nodes. `tests/exports.rs` checks this table, the map and
 //! the built library against each other.
+//!
+//! A few symbols exist only as compatibility versions (`name@NODE`, not the default
+//! `name@@NODE`): programs linked long ago still bind to them, but a new link cannot. Those
+//! are listed by `compat_exports!`: the trampoline gets an internal name
+//! (`softrdma_compat_<name>`, kept local by the map's `local: *`) and `.symver` gives it the
+//! non-default version.
 
 macro_rules! exports {
     ($( $node:literal => [ $( $name:ident = $path:path ),* $(,)? ] ),* $(,)?) => {
@@ -42,18 +48,63 @@ macro_rules! exports {
     };
 }
 
+macro_rules! compat_exports {
+    ($( $node:literal => [ $( $name:ident = $path:path ),* $(,)? ] ),* $(,)?) => {
+        $( $(
+            #[cfg(target_arch = "x86_64")]
+            core::arch::global_asm!(
+                ".pushsection .text",
+                concat!(".globl softrdma_compat_", stringify!($name)),
+                concat!(".type softrdma_compat_", stringify!($name), ",@function"),
+                ".p2align 4",
+                concat!("softrdma_compat_", stringify!($name), ":"),
+                "jmp {f}",
+                concat!(".size softrdma_compat_", stringify!($name), ", . - softrdma_compat_",
+                    stringify!($name)),
+                concat!(".symver softrdma_compat_", stringify!($name), ", ", stringify!($name),
+                    "@", $node),
+                ".popsection",
+                f = sym $path,
+            );
+            #[cfg(target_arch = "aarch64")]
+            core::arch::global_asm!(
+                ".pushsection .text",
+                concat!(".globl softrdma_compat_", stringify!($name)),
+                concat!(".type softrdma_compat_", stringify!($name), ",%function"),
+                ".p2align 4",
+                concat!("softrdma_compat_", stringify!($name), ":"),
+                "b {f}",
+                concat!(".size softrdma_compat_", stringify!($name), ", . - softrdma_compat_",
+                    stringify!($name)),
+                concat!(".symver softrdma_compat_", stringify!($name), ", ", stringify!($name),
+                    "@", $node),
+                ".popsection",
+                f = sym $path,
+            );
+        )* )*
+
+        /// Every compatibility-only symbol (non-default version) with its version node.
+        pub const COMPAT_EXPORTS: &[(&str, &str)] = &[ $( $( (stringify!($name), $node), )* )* ];
+    };
+}
+
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("softrdma-ibverbs exports its symbols with x86_64 or aarch64 trampolines");
 
 use crate::{ah, channel as ch, context as cx, cq, device as dv, mr, qp, query as q, sdv, srq};
-use crate::{strings as st, sysfs as fs};
+use crate::{import as im, marshall as ma, rate, strings as st, sysfs as fs};
 
 exports! {
     "IBVERBS_1.0" => [
         ibv_create_comp_channel = ch::ibv_create_comp_channel,
         ibv_destroy_comp_channel = ch::ibv_destroy_comp_channel,
+        ibv_copy_path_rec_from_kern = ma::ibv_copy_path_rec_from_kern,
+        ibv_copy_path_rec_to_kern = ma::ibv_copy_path_rec_to_kern,
+        ibv_copy_qp_attr_from_kern = ma::ibv_copy_qp_attr_from_kern,
         ibv_get_sysfs_path = fs::ibv_get_sysfs_path,
+        ibv_rate_to_mult = rate::ibv_rate_to_mult,
         ibv_read_sysfs_file = fs::ibv_read_sysfs_file,
+        mult_to_ibv_rate = rate::mult_to_ibv_rate,
     ],
     "IBVERBS_1.1" => [
         ibv_ack_async_event = cx::ibv_ack_async_event,
@@ -61,6 +112,7 @@ exports! {
         ibv_alloc_pd = mr::ibv_alloc_pd,
         ibv_attach_mcast = qp::ibv_attach_mcast,
         ibv_close_device = dv::ibv_close_device,
+        ibv_copy_ah_attr_from_kern = ma::ibv_copy_ah_attr_from_kern,
         ibv_create_ah = ah::ibv_create_ah,
         ibv_create_ah_from_wc = ah::ibv_create_ah_from_wc,
         ibv_create_cq = cq::ibv_create_cq,
@@ -95,22 +147,39 @@ exports! {
         ibv_query_port = q::ibv_query_port,
         ibv_query_qp = qp::ibv_query_qp,
         ibv_query_srq = srq::ibv_query_srq,
+        ibv_rate_to_mbps = rate::ibv_rate_to_mbps,
         ibv_reg_mr = mr::ibv_reg_mr,
         ibv_rereg_mr = mr::ibv_rereg_mr,
         ibv_resize_cq = cq::ibv_resize_cq,
+        ibv_resolve_eth_l2_from_gid = ah::ibv_resolve_eth_l2_from_gid,
         ibv_wc_status_str = st::ibv_wc_status_str,
+        mbps_to_ibv_rate = rate::mbps_to_ibv_rate,
     ],
     "IBVERBS_1.5" => [ibv_get_pkey_index = q::ibv_get_pkey_index],
     "IBVERBS_1.6" => [ibv_qp_to_qp_ex = qp::ibv_qp_to_qp_ex],
     "IBVERBS_1.7" => [ibv_reg_mr_iova = mr::ibv_reg_mr_iova],
     "IBVERBS_1.8" => [ibv_reg_mr_iova2 = mr::ibv_reg_mr_iova2],
     "IBVERBS_1.9" => [ibv_get_device_index = dv::ibv_get_device_index],
+    "IBVERBS_1.10" => [
+        ibv_import_device = im::ibv_import_device,
+        ibv_import_mr = im::ibv_import_mr,
+        ibv_import_pd = im::ibv_import_pd,
+        ibv_query_ece = qp::ibv_query_ece,
+        ibv_set_ece = qp::ibv_set_ece,
+        ibv_unimport_mr = im::ibv_unimport_mr,
+        ibv_unimport_pd = im::ibv_unimport_pd,
+    ],
     "IBVERBS_1.11" => [
         _ibv_query_gid_ex = q::_ibv_query_gid_ex,
         _ibv_query_gid_table = q::_ibv_query_gid_table,
     ],
     "IBVERBS_1.12" => [ibv_reg_dmabuf_mr = mr::ibv_reg_dmabuf_mr],
-    "IBVERBS_1.13" => [ibv_is_fork_initialized = fs::ibv_is_fork_initialized],
+    "IBVERBS_1.13" => [
+        ibv_import_dm = im::ibv_import_dm,
+        ibv_is_fork_initialized = fs::ibv_is_fork_initialized,
+        ibv_unimport_dm = im::ibv_unimport_dm,
+    ],
+    "IBVERBS_1.14" => [ibv_query_qp_data_in_order = qp::ibv_query_qp_data_in_order],
     "IBVERBS_PRIVATE_34" => [ibv_query_gid_type = q::ibv_query_gid_type],
     "SOFTRDMA_1.0" => [
         softrdma_mr_get_remap_policy = sdv::softrdma_mr_get_remap_policy,
@@ -121,4 +190,8 @@ exports! {
         softrdma_query_counters = sdv::softrdma_query_counters,
         softrdma_query_qp_counters = sdv::softrdma_query_qp_counters,
     ],
+}
+
+compat_exports! {
+    "IBVERBS_1.1" => [ibv_register_driver = dv::ibv_register_driver],
 }

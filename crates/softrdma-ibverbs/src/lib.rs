@@ -12,7 +12,8 @@
 //! [`device`] (discovery, open/close), [`query`] (device, port, GID, P_Key), [`mr`] (PDs and
 //! regions), [`channel`] and [`events`] (completion channels, async events), [`cq`], [`qp`],
 //! [`srq`], [`ah`], [`mw`] and [`post`] (the rest of the verbs, over `softrdma::verbs`),
-//! [`dm`] (device memory) and [`ext_ops`] (the `verbs_context` slots served), [`sdv`]
+//! [`dm`] (device memory) and [`ext_ops`] (the `verbs_context` slots served), [`rate`] and
+//! [`marshall`] (pure conversions), [`import`] (object import, unsupported), [`sdv`]
 //! (softrdma's own calls, `include/softrdma/sdv.h`), [`exports`] (symbols and version nodes).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
@@ -30,12 +31,15 @@ pub mod events;
 pub mod exports;
 pub mod ext_ops;
 pub mod ifmtu;
+pub mod import;
 pub mod limits;
+pub mod marshall;
 pub mod mr;
 pub mod mw;
 pub mod post;
 pub mod qp;
 pub mod query;
+pub mod rate;
 pub mod registry;
 pub mod sdv;
 pub mod srq;

@@ -555,3 +555,55 @@ pub unsafe extern "C" fn ibv_detach_mcast(
         Err(libc::EOPNOTSUPP)
     })
 }
+
+/// `ibv_set_ece` (IBVERBS_1.10): softrdma has no Enhanced Connection Establishment options, so
+/// EOPNOTSUPP (also in errno, as rdma-core sets it); EINVAL (also in errno) for a foreign QP
+/// or a NULL `ece`.
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted, `ece` is never read.
+pub unsafe extern "C" fn ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    ece_unsupported(qp, ece)
+}
+
+/// `ibv_query_ece` (IBVERBS_1.10): as [`ibv_set_ece`]; `ece` is never written.
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted.
+pub unsafe extern "C" fn ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    ece_unsupported(qp, ece)
+}
+
+fn ece_unsupported(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
+    let e = ffi_errno(|| {
+        if !registry::contains(qp, Kind::Qp) || ece.is_null() {
+            return Err(libc::EINVAL);
+        }
+        Err(libc::EOPNOTSUPP)
+    });
+    crate::errno::set_errno(e);
+    e
+}
+
+/// `ibv_query_qp_data_in_order` (IBVERBS_1.14): 0, for every QP, operation and `flags`.
+///
+/// A 1 would promise that the data of one work request is written in order, so that a reader
+/// may poll its last byte instead of the completion. softrdma's responder does handle a QP's
+/// packets in PSN order, so the packets of a message land one after the other; but the bytes
+/// of one packet are placed by `process_vm_writev` (the kernel's copy, for raw registered
+/// memory) or by `memcpy`, and neither stores in ascending address order (both copy the tail
+/// of a block before its middle, or use `rep movsb`, whose stores are unordered). A reader
+/// polling the last byte could see it before the bytes ahead of it: no guarantee, so 0, which
+/// is also what rdma-core answers for a provider without the verb. With rdma-core 45's
+/// `IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS` flag, 0 is the empty capability set. A foreign QP
+/// gets 0 too (the function has no error return).
+///
+/// # Safety
+/// None beyond the C API's: any pointer is accepted and never dereferenced.
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: c_int,
+    _flags: u32,
+) -> c_int {
+    0
+}

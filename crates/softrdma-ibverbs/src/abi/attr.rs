@@ -72,6 +72,15 @@ pub struct ibv_qp_attr {
     pub rate_limit: u32,
 }
 
+/// `struct ibv_ece` (`ibv_query_ece`, `ibv_set_ece`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

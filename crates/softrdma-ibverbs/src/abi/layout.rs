@@ -248,6 +248,9 @@ pub fn table() -> Vec<FieldLayout> {
         "max_send_sge" => max_send_sge, "max_recv_sge" => max_recv_sge,
         "max_inline_data" => max_inline_data,
     });
+    fields!(t, "struct ibv_ece", ibv_ece {
+        "vendor_id" => vendor_id, "options" => options, "comp_mask" => comp_mask,
+    });
     fields!(t, "struct ibv_qp_attr", ibv_qp_attr {
         "qp_state" => qp_state, "cur_qp_state" => cur_qp_state, "path_mtu" => path_mtu,
         "path_mig_state" => path_mig_state, "qkey" => qkey, "rq_psn" => rq_psn,
