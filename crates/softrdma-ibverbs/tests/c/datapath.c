@@ -120,10 +120,21 @@ int main(void)
 	CHECK(ibv_destroy_cq(a.cq) == EBUSY, "destroy_cq in use");
 	CHECK(ibv_destroy_comp_channel(a.ch) == EBUSY, "destroy busy channel");
 	CHECK(ibv_dealloc_pd(a.pd) == EBUSY, "dealloc pd in use");
-	/* Unsupported QP types and bad attributes. */
-	struct ibv_qp_init_attr ud = { .send_cq = a.cq, .recv_cq = a.cq, .qp_type = IBV_QPT_UD, .cap = { 1, 1, 1, 1, 0 } };
+	/* UC and UD QPs exist (their type reported back); raw packet QPs do not; bad attributes. */
+	for (int t = IBV_QPT_UC; t <= IBV_QPT_UD; t++) {
+		struct ibv_qp_init_attr un = { .send_cq = a.cq, .recv_cq = a.cq, .qp_type = t, .cap = { 1, 1, 1, 1, 0 } };
+		struct ibv_qp *q = ibv_create_qp(a.pd, &un);
+		CHECK(q != NULL && q->qp_type == t, "create qp type %d errno=%d", t, errno);
+		if (q) {
+			struct ibv_qp_attr qat;
+			struct ibv_qp_init_attr qit;
+			CHECK(ibv_query_qp(q, &qat, 0, &qit) == 0 && qit.qp_type == t, "query qp type %d", t);
+			CHECK(ibv_destroy_qp(q) == 0, "destroy qp type %d", t);
+		}
+	}
+	struct ibv_qp_init_attr raw = { .send_cq = a.cq, .recv_cq = a.cq, .qp_type = IBV_QPT_RAW_PACKET, .cap = { 1, 1, 1, 1, 0 } };
 	errno = 0;
-	CHECK(ibv_create_qp(a.pd, &ud) == NULL && errno == EOPNOTSUPP, "UD qp errno=%d", errno);
+	CHECK(ibv_create_qp(a.pd, &raw) == NULL && errno == EOPNOTSUPP, "raw packet qp errno=%d", errno);
 	struct ibv_qp_init_attr big = { .send_cq = a.cq, .recv_cq = a.cq, .qp_type = IBV_QPT_RC, .cap = { 1, 1, 64, 1, 0 } };
 	errno = 0;
 	CHECK(ibv_create_qp(a.pd, &big) == NULL && errno == EINVAL, "too many sges errno=%d", errno);
