@@ -106,6 +106,8 @@ pub fn report_fatal(shared: &Arc<Shared>, qpn: u32) {
         return;
     };
     let qp = p as *mut ibv_qp;
+    #[cfg(feature = "race-window")]
+    race_window::pause();
     // SAFETY: in the map, so not yet freed; it stays allocated while `map` is held.
     let q = unsafe { &*qp.cast::<Qp>() };
     if !q.fatal_reported.swap(true, Ordering::AcqRel) {
@@ -115,6 +117,26 @@ pub fn report_fatal(shared: &Arc<Shared>, qpn: u32) {
         });
     }
     drop(map);
+}
+
+/// A test seam (feature `race-window`, never in a release build): holds open the window
+/// between `report_fatal` finding a QP and touching it, so that `tests/fatal_race.rs` can run
+/// `ibv_destroy_qp` inside it under AddressSanitizer.
+#[cfg(feature = "race-window")]
+pub mod race_window {
+    use std::sync::Mutex;
+
+    /// Called by `report_fatal` after it found the QP, before it touches it.
+    pub static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
+
+    pub(super) fn pause() {
+        let f = *PAUSE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(f) = f {
+            f();
+        }
+    }
 }
 
 /// An asynchronous event of the engine of `dev`: a QP ended by an access violation (a region
