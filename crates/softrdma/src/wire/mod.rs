@@ -13,10 +13,13 @@ pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
+pub mod cm;
+pub mod cma;
 pub mod deth;
 pub mod feth;
 pub mod icrc;
 pub mod immdt;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
@@ -93,6 +96,10 @@ pub enum Error {
         /// Bytes available.
         have: usize,
     },
+    /// A management datagram this implementation refuses (bad version, class, method or
+    /// attribute, or a field out of its range).
+    #[error("bad MAD: {0}")]
+    BadMad(&'static str),
     /// A field value that cannot be encoded (for example a QPN above 24 bits).
     #[error("field {0} out of range")]
     FieldRange(&'static str),
