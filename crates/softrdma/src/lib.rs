@@ -5,6 +5,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod cm;
 pub mod mem;
 pub mod net;
 pub mod rc;

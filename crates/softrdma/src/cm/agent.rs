@@ -1,0 +1,1004 @@
+//! The CM state machine of one device (see the module documentation of [`crate::cm`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+
+use crate::wire;
+use crate::wire::cm::{
+    CmMad, CmMessage, CmPath, Dreq, Ids, Mra, MsgRef, Rej, Rep, Req, rej_reason,
+};
+use crate::wire::mad::MAD_LEN;
+
+/// A connection of the agent: its local communication ID.
+pub type ConnId = u32;
+
+/// 4.096 µs × 2^`exp` in nanoseconds (the IBTA encoding of CM timeouts), capped at 2^31.
+pub(crate) fn timeout_ns(exp: u8) -> u64 {
+    4096u64 << exp.min(31)
+}
+
+/// How the agent behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The device's CA GUID, sent in REQ and REP.
+    pub ca_guid: u64,
+    /// The CM response timeout this side advertises and waits for answers with
+    /// (4.096 µs × 2^n; 18 is about 1.07 s).
+    pub response_timeout: u8,
+    /// How often REQ, REP and DREQ are sent again before giving up (at most 15).
+    pub max_retries: u8,
+    /// How long a connection stays in time-wait after a disconnect, answering duplicates.
+    pub timewait_ns: u64,
+    /// The service timeout an MRA asks for while the application decides on a REQ.
+    pub mra_service_timeout: u8,
+    /// Connections at most (a REQ beyond draws REJ "no resources").
+    pub max_conns: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            ca_guid: 0,
+            response_timeout: 18,
+            max_retries: 15,
+            timewait_ns: 1_000_000_000,
+            mra_service_timeout: 22,
+            max_conns: 65_536,
+        }
+    }
+}
+
+/// What an active side asks for in its REQ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// The peer's IP address (its QP1 is there).
+    pub peer: IpAddr,
+    /// The service connected to.
+    pub service_id: u64,
+    /// The local QP number.
+    pub qpn: u32,
+    /// The local QP's first PSN.
+    pub starting_psn: u32,
+    /// READs and atomics the local QP accepts at once.
+    pub responder_resources: u8,
+    /// READs and atomics the local QP issues at once.
+    pub initiator_depth: u8,
+    /// Path MTU (IBTA encoding, 1 = 256 … 5 = 4096).
+    pub path_mtu: u8,
+    /// Transport retry count (0–7).
+    pub retry_count: u8,
+    /// RNR retry count (0–7).
+    pub rnr_retry_count: u8,
+    /// The local QP uses an SRQ.
+    pub srq: bool,
+    /// 0 for RC, 1 for UC.
+    pub transport: u8,
+    /// The primary path (GIDs, flow label, hop limit, ACK timeout).
+    pub path: CmPath,
+    /// The REQ's private data (up to 92 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// What the passive side answers with in its REP.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// The local QP number.
+    pub qpn: u32,
+    /// The local QP's first PSN.
+    pub starting_psn: u32,
+    /// READs and atomics the local QP accepts at once.
+    pub responder_resources: u8,
+    /// READs and atomics the local QP issues at once.
+    pub initiator_depth: u8,
+    /// RNR retry count (0–7).
+    pub rnr_retry_count: u8,
+    /// The local QP uses an SRQ.
+    pub srq: bool,
+    /// The REP's private data (up to 196 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// What the peer said about its QP, in its REQ or REP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerParams {
+    /// The peer's QP number.
+    pub qpn: u32,
+    /// The peer QP's first PSN.
+    pub starting_psn: u32,
+    /// READs and atomics the peer accepts at once.
+    pub responder_resources: u8,
+    /// READs and atomics the peer issues at once.
+    pub initiator_depth: u8,
+    /// Path MTU (REQ; a REP carries none and repeats the REQ's).
+    pub path_mtu: u8,
+    /// Transport retry count (REQ).
+    pub retry_count: u8,
+    /// RNR retry count.
+    pub rnr_retry_count: u8,
+    /// The peer's QP uses an SRQ.
+    pub srq: bool,
+    /// 0 for RC, 1 for UC (REQ).
+    pub transport: u8,
+    /// The primary path as the REQ gives it (local = the peer's side).
+    pub path: CmPath,
+    /// The service (REQ).
+    pub service_id: u64,
+    /// The whole private-data area of the message.
+    pub private_data: Vec<u8>,
+}
+
+/// What happened, for the application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmEvent {
+    /// A REQ for a service this side listens on; answer with `accept` or `reject`.
+    ConnectRequest {
+        /// The new connection.
+        conn: ConnId,
+        /// Where the REQ came from.
+        peer: IpAddr,
+        /// The REQ's parameters.
+        params: Box<PeerParams>,
+    },
+    /// The connection is up (active: the REP arrived and the RTU went out; passive: the RTU
+    /// arrived).
+    Established {
+        /// The connection.
+        conn: ConnId,
+        /// The REP's parameters on the active side.
+        params: Option<Box<PeerParams>>,
+    },
+    /// The peer rejected the REQ or REP.
+    Rejected {
+        /// The connection (gone now).
+        conn: ConnId,
+        /// The REJ's reason (`wire::cm::rej_reason`).
+        reason: u16,
+        /// The REJ's private data.
+        private_data: Vec<u8>,
+    },
+    /// The peer never answered the REQ or REP (the connection is gone).
+    Unreachable {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection is down: a DREQ arrived, ours was answered or ran out of retries, or
+    /// the peer rejected an established connection. Time-wait follows.
+    Disconnected {
+        /// The connection.
+        conn: ConnId,
+        /// The DREQ's or DREP's private data (empty when the local side gave up).
+        private_data: Vec<u8>,
+    },
+    /// Time-wait is over; the connection is gone.
+    TimewaitExit {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// A MAD to send to QP1 at `dst`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CmTransmit {
+    /// The peer.
+    pub dst: IpAddr,
+    /// The whole MAD.
+    pub mad: [u8; MAD_LEN],
+}
+
+/// Why a request of the application was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// No such connection (never made, or gone).
+    #[error("unknown connection")]
+    UnknownConn,
+    /// The connection is not in a state that allows this.
+    #[error("not allowed in the connection's state ({0})")]
+    WrongState(&'static str),
+    /// Somebody already listens on this service.
+    #[error("the service ID is in use")]
+    ServiceInUse,
+    /// Nobody listens on this service.
+    #[error("not listening on this service ID")]
+    NotListening,
+    /// The agent holds `max_conns` connections.
+    #[error("too many connections")]
+    TooManyConns,
+    /// A message could not be built (private data too long, a field out of range).
+    #[error("{0}")]
+    Wire(#[from] wire::Error),
+}
+
+/// What the agent counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    /// MADs handed to `handle_mad`.
+    pub received: u64,
+    /// MADs queued for sending.
+    pub sent: u64,
+    /// MADs that did not parse as CM messages (dropped).
+    pub bad: u64,
+    /// Messages for no connection of ours, or from the wrong address or with the wrong
+    /// communication ID (dropped, or answered as Linux does: DREP for DREQ, REJ for REP).
+    pub stray: u64,
+    /// Duplicate messages (answered from state or dropped).
+    pub duplicates: u64,
+    /// Messages sent again after a timeout.
+    pub retries: u64,
+    /// REQs and REPs given up on after every retry.
+    pub timeouts: u64,
+    /// REQs rejected because nobody listens on their service.
+    pub no_listener: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Active: REQ sent, waiting for REP (or REJ, MRA).
+    ReqSent,
+    /// Active: the peer sent MRA; waiting longer.
+    MraRcvd,
+    /// Passive: REQ reported; waiting for the application.
+    ReqRcvd,
+    /// Passive: REP sent, waiting for RTU.
+    RepSent,
+    Established,
+    DreqSent,
+    TimeWait,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::ReqSent => "REQ sent",
+            State::MraRcvd => "MRA received",
+            State::ReqRcvd => "REQ received",
+            State::RepSent => "REP sent",
+            State::Established => "established",
+            State::DreqSent => "DREQ sent",
+            State::TimeWait => "time-wait",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Conn {
+    state: State,
+    peer: IpAddr,
+    /// The peer's communication ID (0 until its first message).
+    remote_comm_id: u32,
+    remote_guid: u64,
+    tid: u64,
+    remote_qpn: u32,
+    /// What a timeout sends again, and what a duplicate is answered with.
+    last: Option<CmMessage>,
+    retries_left: u8,
+    /// The timeout for answers to `last`.
+    wait_ns: u64,
+    deadline: Option<u64>,
+}
+
+/// The CM of one device.
+#[derive(Debug)]
+pub struct Agent {
+    cfg: AgentConfig,
+    rng: u64,
+    conns: BTreeMap<ConnId, Conn>,
+    /// Passive connections by (peer, its communication ID, its CA GUID): duplicate REQs.
+    by_remote: HashMap<(IpAddr, u32, u64), ConnId>,
+    listeners: HashSet<u64>,
+    /// (deadline, connection) of every connection with a deadline.
+    timers: BTreeSet<(u64, ConnId)>,
+    tx: VecDeque<CmTransmit>,
+    events: VecDeque<CmEvent>,
+    counters: CmCounters,
+}
+
+impl Agent {
+    /// A new agent; `seed` (non-zero; the device draws it at random) makes its communication
+    /// IDs and transaction IDs.
+    pub fn new(cfg: AgentConfig, seed: u64) -> Agent {
+        Agent {
+            cfg: AgentConfig {
+                max_retries: cfg.max_retries.min(15),
+                response_timeout: cfg.response_timeout.min(31),
+                mra_service_timeout: cfg.mra_service_timeout.min(31),
+                ..cfg
+            },
+            rng: seed | 1,
+            conns: BTreeMap::new(),
+            by_remote: HashMap::new(),
+            listeners: HashSet::new(),
+            timers: BTreeSet::new(),
+            tx: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: CmCounters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+
+    /// What the agent counted.
+    pub fn counters(&self) -> CmCounters {
+        self.counters
+    }
+
+    /// Connections the agent holds (time-wait included).
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// The peer of a connection.
+    pub fn peer(&self, conn: ConnId) -> Option<IpAddr> {
+        self.conns.get(&conn).map(|c| c.peer)
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*: the IDs need to be unpredictable to an off-path sender only as far as
+        // the seed is; the device seeds it from the OS.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn new_comm_id(&mut self) -> ConnId {
+        loop {
+            let id = self.next_random() as u32;
+            if id != 0 && !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Listen on `service_id`: REQs for it become `ConnectRequest` events.
+    pub fn listen(&mut self, service_id: u64) -> Result<(), Error> {
+        if !self.listeners.insert(service_id) {
+            return Err(Error::ServiceInUse);
+        }
+        Ok(())
+    }
+
+    /// Stop listening on `service_id` (connections already requested stay).
+    pub fn unlisten(&mut self, service_id: u64) -> Result<(), Error> {
+        if !self.listeners.remove(&service_id) {
+            return Err(Error::NotListening);
+        }
+        Ok(())
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// The next MAD to send, if any.
+    pub fn poll_transmit(&mut self) -> Option<CmTransmit> {
+        self.tx.pop_front()
+    }
+
+    /// When `handle_timeout` has something to do next.
+    pub fn next_timeout(&self) -> Option<u64> {
+        self.timers.first().map(|&(t, _)| t)
+    }
+
+    fn send(&mut self, dst: IpAddr, tid: u64, msg: CmMessage) {
+        let mut mad = [0u8; MAD_LEN];
+        // Every message the agent builds fits (the public entry points check private data).
+        if (CmMad { tid, msg }).emit(&mut mad).is_ok() {
+            self.counters.sent += 1;
+            self.tx.push_back(CmTransmit { dst, mad });
+        }
+    }
+
+    fn set_deadline(&mut self, id: ConnId, deadline: Option<u64>) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if let Some(old) = c.deadline.take() {
+            self.timers.remove(&(old, id));
+        }
+        c.deadline = deadline;
+        if let Some(t) = deadline {
+            self.timers.insert((t, id));
+        }
+    }
+
+    fn remove(&mut self, id: ConnId) {
+        self.set_deadline(id, None);
+        if let Some(c) = self.conns.remove(&id)
+            && self
+                .by_remote
+                .get(&(c.peer, c.remote_comm_id, c.remote_guid))
+                == Some(&id)
+        {
+            self.by_remote
+                .remove(&(c.peer, c.remote_comm_id, c.remote_guid));
+        }
+    }
+
+    /// Send `msg` on connection `id` as the message to repeat until answered.
+    fn send_awaiting(&mut self, now: u64, id: ConnId, msg: CmMessage, wait_ns: u64, retries: u8) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.last = Some(msg.clone());
+        c.retries_left = retries;
+        c.wait_ns = wait_ns;
+        let (peer, tid) = (c.peer, c.tid);
+        self.send(peer, tid, msg);
+        self.set_deadline(id, Some(now.saturating_add(wait_ns)));
+    }
+
+    fn enter_timewait(&mut self, now: u64, id: ConnId, private_data: Vec<u8>) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::TimeWait;
+            c.retries_left = 0;
+        }
+        self.set_deadline(id, Some(now.saturating_add(self.cfg.timewait_ns)));
+        self.events.push_back(CmEvent::Disconnected {
+            conn: id,
+            private_data,
+        });
+    }
+
+    /// Connect: send a REQ. The connection's events follow (`Established`, `Rejected`,
+    /// `Unreachable`).
+    pub fn connect(&mut self, now: u64, p: ConnectParams) -> Result<ConnId, Error> {
+        if self.conns.len() >= self.cfg.max_conns {
+            return Err(Error::TooManyConns);
+        }
+        let id = self.new_comm_id();
+        let tid = self.next_random();
+        let req = CmMessage::Req(Box::new(Req {
+            local_comm_id: id,
+            service_id: p.service_id,
+            local_ca_guid: self.cfg.ca_guid,
+            local_qkey: 0,
+            local_qpn: p.qpn,
+            responder_resources: p.responder_resources,
+            local_eecn: 0,
+            initiator_depth: p.initiator_depth,
+            remote_eecn: 0,
+            remote_cm_response_timeout: self.cfg.response_timeout,
+            transport: p.transport,
+            e2e_flow_control: false,
+            starting_psn: p.starting_psn,
+            local_cm_response_timeout: self.cfg.response_timeout,
+            retry_count: p.retry_count,
+            pkey: wire::DEFAULT_PKEY,
+            path_mtu: p.path_mtu,
+            rdc_exists: false,
+            rnr_retry_count: p.rnr_retry_count,
+            max_cm_retries: self.cfg.max_retries,
+            srq: p.srq,
+            ext_transport: 0,
+            primary: p.path,
+            alternate: CmPath::default(),
+            private_data: p.private_data,
+        }));
+        // Refuse what cannot be sent before any state exists.
+        CmMad {
+            tid,
+            msg: req.clone(),
+        }
+        .emit(&mut [0u8; MAD_LEN])?;
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqSent,
+                peer: p.peer,
+                remote_comm_id: 0,
+                remote_guid: 0,
+                tid,
+                remote_qpn: 0,
+                last: None,
+                retries_left: 0,
+                wait_ns: 0,
+                deadline: None,
+            },
+        );
+        let wait = timeout_ns(self.cfg.response_timeout);
+        self.send_awaiting(now, id, req, wait, self.cfg.max_retries);
+        Ok(id)
+    }
+
+    /// Accept a connection reported by `ConnectRequest`: send the REP. `Established`
+    /// follows when the RTU arrives.
+    pub fn accept(&mut self, now: u64, id: ConnId, a: AcceptParams) -> Result<(), Error> {
+        let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        if c.state != State::ReqRcvd {
+            return Err(Error::WrongState(c.state.name()));
+        }
+        let (peer_timeout, peer_retries) = match &c.last {
+            Some(CmMessage::Req(r)) => (r.local_cm_response_timeout, r.max_cm_retries),
+            _ => (self.cfg.response_timeout, self.cfg.max_retries),
+        };
+        let rep = CmMessage::Rep(Rep {
+            local_comm_id: id,
+            remote_comm_id: c.remote_comm_id,
+            local_qkey: 0,
+            local_qpn: a.qpn,
+            local_eecn: 0,
+            starting_psn: a.starting_psn,
+            responder_resources: a.responder_resources,
+            initiator_depth: a.initiator_depth,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            e2e_flow_control: false,
+            rnr_retry_count: a.rnr_retry_count,
+            srq: a.srq,
+            local_ca_guid: self.cfg.ca_guid,
+            private_data: a.private_data,
+        });
+        CmMad {
+            tid: c.tid,
+            msg: rep.clone(),
+        }
+        .emit(&mut [0u8; MAD_LEN])?;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::RepSent;
+        }
+        let wait = timeout_ns(peer_timeout.max(self.cfg.response_timeout).min(31));
+        let retries = peer_retries.min(self.cfg.max_retries);
+        self.send_awaiting(now, id, rep, wait, retries);
+        Ok(())
+    }
+
+    /// Reject a connection reported by `ConnectRequest` (REJ "consumer defined" with
+    /// `private_data`, up to 148 bytes). The connection is gone.
+    pub fn reject(&mut self, id: ConnId, private_data: &[u8]) -> Result<(), Error> {
+        let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        if c.state != State::ReqRcvd {
+            return Err(Error::WrongState(c.state.name()));
+        }
+        let rej = rej(
+            id,
+            c.remote_comm_id,
+            MsgRef::Req,
+            rej_reason::CONSUMER_DEFINED,
+            private_data.to_vec(),
+        );
+        CmMad {
+            tid: c.tid,
+            msg: rej.clone(),
+        }
+        .emit(&mut [0u8; MAD_LEN])?;
+        let (peer, tid) = (c.peer, c.tid);
+        self.send(peer, tid, rej);
+        self.remove(id);
+        Ok(())
+    }
+
+    /// Disconnect: send a DREQ (up to 220 bytes of private data). `Disconnected` follows
+    /// when the DREP arrives or the retries run out. Disconnecting what is already
+    /// disconnecting is not an error.
+    pub fn disconnect(&mut self, now: u64, id: ConnId, private_data: &[u8]) -> Result<(), Error> {
+        let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        match c.state {
+            State::Established | State::RepSent => {}
+            State::DreqSent | State::TimeWait => return Ok(()),
+            s => return Err(Error::WrongState(s.name())),
+        }
+        let dreq = CmMessage::Dreq(Dreq {
+            local_comm_id: id,
+            remote_comm_id: c.remote_comm_id,
+            remote_qpn: c.remote_qpn,
+            private_data: private_data.to_vec(),
+        });
+        CmMad {
+            tid: c.tid,
+            msg: dreq.clone(),
+        }
+        .emit(&mut [0u8; MAD_LEN])?;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::DreqSent;
+        }
+        let wait = timeout_ns(self.cfg.response_timeout);
+        self.send_awaiting(now, id, dreq, wait, self.cfg.max_retries);
+        Ok(())
+    }
+
+    /// The application is done with a connection: whatever state it is in, the peer is told
+    /// (a REJ for a REQ not yet answered or a connection not yet up, a DREQ, sent once, for
+    /// one that is up) and the agent forgets it; no more events come for it.
+    pub fn destroy(&mut self, id: ConnId) -> Result<(), Error> {
+        let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        let (peer, tid) = (c.peer, c.tid);
+        let msg = match c.state {
+            State::ReqSent | State::MraRcvd => Some(rej(
+                id,
+                c.remote_comm_id,
+                MsgRef::Req,
+                rej_reason::TIMEOUT,
+                Vec::new(),
+            )),
+            State::ReqRcvd => Some(rej(
+                id,
+                c.remote_comm_id,
+                MsgRef::Req,
+                rej_reason::CONSUMER_DEFINED,
+                Vec::new(),
+            )),
+            State::RepSent | State::Established => Some(CmMessage::Dreq(Dreq {
+                local_comm_id: id,
+                remote_comm_id: c.remote_comm_id,
+                remote_qpn: c.remote_qpn,
+                private_data: Vec::new(),
+            })),
+            State::DreqSent | State::TimeWait => None,
+        };
+        if let Some(m) = msg {
+            self.send(peer, tid, m);
+        }
+        self.remove(id);
+        Ok(())
+    }
+
+    /// A MAD arrived on QP1 from `from`. Anything that is not a valid CM message for a
+    /// connection of this agent from its peer is dropped and counted, changing nothing.
+    pub fn handle_mad(&mut self, now: u64, from: IpAddr, payload: &[u8]) {
+        self.counters.received += 1;
+        let Ok(mad) = CmMad::parse(payload) else {
+            self.counters.bad += 1;
+            return;
+        };
+        match mad.msg {
+            CmMessage::Req(req) => self.on_req(from, mad.tid, *req),
+            msg => self.on_reply(now, from, mad.tid, msg),
+        }
+    }
+
+    fn on_req(&mut self, from: IpAddr, tid: u64, req: Req) {
+        if let Some(&id) = self
+            .by_remote
+            .get(&(from, req.local_comm_id, req.local_ca_guid))
+        {
+            self.counters.duplicates += 1;
+            let Some(c) = self.conns.get(&id) else {
+                return;
+            };
+            let (peer, ctid, remote) = (c.peer, c.tid, c.remote_comm_id);
+            match c.state {
+                // Still deciding: ask for patience.
+                State::ReqRcvd => {
+                    let mra = CmMessage::Mra(Mra {
+                        local_comm_id: id,
+                        remote_comm_id: remote,
+                        message: MsgRef::Req,
+                        service_timeout: self.cfg.mra_service_timeout,
+                        private_data: Vec::new(),
+                    });
+                    self.send(peer, ctid, mra);
+                }
+                // The REP was lost.
+                State::RepSent => {
+                    if let Some(rep) = c.last.clone() {
+                        self.send(peer, ctid, rep);
+                    }
+                }
+                _ => {}
+            }
+            return;
+        }
+        let refuse = |reason| rej(0, req.local_comm_id, MsgRef::Req, reason, Vec::new());
+        if !self.listeners.contains(&req.service_id) {
+            self.counters.no_listener += 1;
+            self.send(from, tid, refuse(rej_reason::INVALID_SERVICE_ID));
+            return;
+        }
+        if req.transport > 1 {
+            self.send(from, tid, refuse(rej_reason::INVALID_TRANSPORT_TYPE));
+            return;
+        }
+        if self.conns.len() >= self.cfg.max_conns {
+            self.send(from, tid, refuse(rej_reason::NO_RESOURCES));
+            return;
+        }
+        let id = self.new_comm_id();
+        let params = Box::new(PeerParams {
+            qpn: req.local_qpn,
+            starting_psn: req.starting_psn,
+            responder_resources: req.responder_resources,
+            initiator_depth: req.initiator_depth,
+            path_mtu: req.path_mtu,
+            retry_count: req.retry_count,
+            rnr_retry_count: req.rnr_retry_count,
+            srq: req.srq,
+            transport: req.transport,
+            path: req.primary,
+            service_id: req.service_id,
+            private_data: req.private_data.clone(),
+        });
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqRcvd,
+                peer: from,
+                remote_comm_id: req.local_comm_id,
+                remote_guid: req.local_ca_guid,
+                tid,
+                remote_qpn: req.local_qpn,
+                // Kept for the peer's timeouts (see `accept`).
+                last: Some(CmMessage::Req(Box::new(req.clone()))),
+                retries_left: 0,
+                wait_ns: 0,
+                deadline: None,
+            },
+        );
+        self.by_remote
+            .insert((from, req.local_comm_id, req.local_ca_guid), id);
+        self.events.push_back(CmEvent::ConnectRequest {
+            conn: id,
+            peer: from,
+            params,
+        });
+    }
+
+    /// Every message but REQ names our communication ID: it must be a connection of ours,
+    /// from its peer, with the peer's ID once known.
+    fn on_reply(&mut self, now: u64, from: IpAddr, tid: u64, msg: CmMessage) {
+        let id = msg.remote_comm_id();
+        let known = self.conns.get(&id).is_some_and(|c| {
+            c.peer == from && (c.remote_comm_id == 0 || c.remote_comm_id == msg.local_comm_id())
+        });
+        if !known {
+            self.counters.stray += 1;
+            self.answer_stray(from, tid, &msg);
+            return;
+        }
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let state = c.state;
+        match msg {
+            CmMessage::Rep(rep) => self.on_rep(id, state, rep),
+            CmMessage::Mra(mra) => self.on_mra(now, id, state, &mra),
+            CmMessage::Rej(r) => self.on_rej(now, id, state, *r),
+            CmMessage::Rtu(_) => {
+                if state == State::RepSent {
+                    self.set_established(id);
+                    self.events.push_back(CmEvent::Established {
+                        conn: id,
+                        params: None,
+                    });
+                } else {
+                    self.counters.duplicates += 1;
+                }
+            }
+            CmMessage::Dreq(d) => self.on_dreq(now, id, state, d),
+            CmMessage::Drep(d) => {
+                if state == State::DreqSent {
+                    self.enter_timewait(now, id, d.private_data);
+                } else {
+                    self.counters.duplicates += 1;
+                }
+            }
+            CmMessage::Req(_) => {}
+        }
+    }
+
+    /// As Linux: a DREQ for no connection still gets a DREP (so the peer stops sending it),
+    /// a REP one a REJ; anything else is dropped.
+    fn answer_stray(&mut self, from: IpAddr, tid: u64, msg: &CmMessage) {
+        let ids = (msg.remote_comm_id(), msg.local_comm_id());
+        match msg {
+            CmMessage::Dreq(_) => self.send(
+                from,
+                tid,
+                CmMessage::Drep(Ids {
+                    local_comm_id: ids.0,
+                    remote_comm_id: ids.1,
+                    private_data: Vec::new(),
+                }),
+            ),
+            CmMessage::Rep(_) => self.send(
+                from,
+                tid,
+                rej(
+                    ids.0,
+                    ids.1,
+                    MsgRef::Rep,
+                    rej_reason::INVALID_COMM_ID,
+                    Vec::new(),
+                ),
+            ),
+            _ => {}
+        }
+    }
+
+    fn set_established(&mut self, id: ConnId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::Established;
+            c.last = None;
+        }
+        self.set_deadline(id, None);
+    }
+
+    fn on_rep(&mut self, id: ConnId, state: State, rep: Rep) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let rtu = CmMessage::Rtu(Ids {
+            local_comm_id: id,
+            remote_comm_id: rep.local_comm_id,
+            private_data: Vec::new(),
+        });
+        match state {
+            State::ReqSent | State::MraRcvd => {
+                c.remote_comm_id = rep.local_comm_id;
+                c.remote_guid = rep.local_ca_guid;
+                c.remote_qpn = rep.local_qpn;
+                let (peer, tid) = (c.peer, c.tid);
+                let (path_mtu, retry_count, path) = match &c.last {
+                    Some(CmMessage::Req(r)) => (r.path_mtu, r.retry_count, r.primary),
+                    _ => (0, 0, CmPath::default()),
+                };
+                self.set_established(id);
+                self.send(peer, tid, rtu);
+                self.events.push_back(CmEvent::Established {
+                    conn: id,
+                    params: Some(Box::new(PeerParams {
+                        qpn: rep.local_qpn,
+                        starting_psn: rep.starting_psn,
+                        responder_resources: rep.responder_resources,
+                        initiator_depth: rep.initiator_depth,
+                        path_mtu,
+                        retry_count,
+                        rnr_retry_count: rep.rnr_retry_count,
+                        srq: rep.srq,
+                        transport: 0,
+                        path,
+                        service_id: 0,
+                        private_data: rep.private_data,
+                    })),
+                });
+            }
+            // Our RTU was lost: send it again.
+            State::Established => {
+                self.counters.duplicates += 1;
+                let (peer, tid) = (c.peer, c.tid);
+                self.send(peer, tid, rtu);
+            }
+            _ => self.counters.duplicates += 1,
+        }
+    }
+
+    fn on_mra(&mut self, now: u64, id: ConnId, state: State, mra: &Mra) {
+        let extend = matches!(
+            (state, mra.message),
+            (State::ReqSent | State::MraRcvd, MsgRef::Req) | (State::RepSent, MsgRef::Rep)
+        );
+        if !extend {
+            self.counters.duplicates += 1;
+            return;
+        }
+        let wait =
+            timeout_ns(mra.service_timeout).saturating_add(timeout_ns(self.cfg.response_timeout));
+        if let Some(c) = self.conns.get_mut(&id)
+            && state != State::RepSent
+        {
+            c.state = State::MraRcvd;
+            c.remote_comm_id = mra.local_comm_id;
+        }
+        self.set_deadline(id, Some(now.saturating_add(wait)));
+    }
+
+    fn on_rej(&mut self, now: u64, id: ConnId, state: State, r: Rej) {
+        match state {
+            State::ReqSent | State::MraRcvd | State::RepSent | State::ReqRcvd => {
+                self.remove(id);
+                self.events.push_back(CmEvent::Rejected {
+                    conn: id,
+                    reason: r.reason,
+                    private_data: r.private_data,
+                });
+            }
+            State::Established | State::DreqSent => self.enter_timewait(now, id, Vec::new()),
+            State::TimeWait => self.counters.duplicates += 1,
+        }
+    }
+
+    fn on_dreq(&mut self, now: u64, id: ConnId, state: State, d: Dreq) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let drep = CmMessage::Drep(Ids {
+            local_comm_id: id,
+            remote_comm_id: c.remote_comm_id,
+            private_data: Vec::new(),
+        });
+        let (peer, tid) = (c.peer, c.tid);
+        match state {
+            State::Established | State::DreqSent | State::RepSent => {
+                if state == State::RepSent {
+                    // The RTU was lost but the peer is done already: it was up.
+                    self.events.push_back(CmEvent::Established {
+                        conn: id,
+                        params: None,
+                    });
+                }
+                self.send(peer, tid, drep);
+                self.enter_timewait(now, id, d.private_data);
+            }
+            State::TimeWait => {
+                self.counters.duplicates += 1;
+                self.send(peer, tid, drep);
+            }
+            _ => self.counters.stray += 1,
+        }
+    }
+
+    /// Let time pass: send again what is unanswered, give up on what ran out of retries,
+    /// end time-waits.
+    pub fn handle_timeout(&mut self, now: u64) {
+        while let Some(&(t, id)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.set_deadline(id, None);
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            match c.state {
+                State::TimeWait => {
+                    self.remove(id);
+                    self.events.push_back(CmEvent::TimewaitExit { conn: id });
+                }
+                State::ReqSent | State::MraRcvd | State::RepSent | State::DreqSent
+                    if c.retries_left > 0 =>
+                {
+                    c.retries_left -= 1;
+                    let (peer, tid, wait) = (c.peer, c.tid, c.wait_ns);
+                    if c.state == State::MraRcvd {
+                        c.state = State::ReqSent;
+                    }
+                    if let Some(m) = c.last.clone() {
+                        self.counters.retries += 1;
+                        self.send(peer, tid, m);
+                    }
+                    self.set_deadline(id, Some(now.saturating_add(wait)));
+                }
+                State::DreqSent => self.enter_timewait(now, id, Vec::new()),
+                State::ReqSent | State::MraRcvd | State::RepSent => {
+                    let message = if c.state == State::RepSent {
+                        MsgRef::Rep
+                    } else {
+                        MsgRef::Req
+                    };
+                    let m = rej(
+                        id,
+                        c.remote_comm_id,
+                        message,
+                        rej_reason::TIMEOUT,
+                        Vec::new(),
+                    );
+                    let (peer, tid) = (c.peer, c.tid);
+                    self.counters.timeouts += 1;
+                    self.send(peer, tid, m);
+                    self.remove(id);
+                    self.events.push_back(CmEvent::Unreachable { conn: id });
+                }
+                State::ReqRcvd | State::Established => {}
+            }
+        }
+    }
+}
+
+fn rej(local: u32, remote: u32, message: MsgRef, reason: u16, private_data: Vec<u8>) -> CmMessage {
+    CmMessage::Rej(Box::new(Rej {
+        local_comm_id: local,
+        remote_comm_id: remote,
+        message,
+        ari_len: 0,
+        reason,
+        ari: [0; 72],
+        private_data,
+    }))
+}
+
+#[cfg(test)]
+mod tests;
