@@ -16,8 +16,10 @@
 //! random 32-bit ID as well as the peer's address.
 
 mod agent;
+mod types;
 
-pub use agent::{
-    AcceptParams, Agent, AgentConfig, CmCounters, CmEvent, CmTransmit, ConnId, ConnectParams,
-    Error, PeerParams,
+pub use agent::Agent;
+pub use types::{
+    AcceptParams, AgentConfig, CmCounters, CmEvent, CmTransmit, ConnId, ConnectParams, Error,
+    PeerParams,
 };

@@ -10,6 +10,7 @@
 //! Pd::alloc_mw   -> Mw         ibv_alloc_mw (type 1 or 2)
 //! Qp::modify / post_send / post_recv / bind_mw
 //! Cq::poll / req_notify        ibv_poll_cq / ibv_req_notify_cq
+//! ConnectionManager::open(dev) rdma_cm on the device's QP1: listen / connect / accept / reject
 //! ```
 //!
 //! Lifetimes are enforced by ownership: a QP holds its CQs, SRQ and device alive; dropping a
@@ -18,6 +19,7 @@
 //! work request still names its key makes that request fail (`LocProtErr` locally,
 //! `RemAccessErr` remotely); it can never touch freed memory.
 
+mod cm;
 mod cq;
 mod device;
 mod error;
@@ -27,6 +29,7 @@ mod srq;
 
 pub mod connect;
 
+pub use cm::{CmError, ConnParam, ConnRequest, Connection, ConnectionManager, Listener};
 pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
 pub use error::VerbsError;

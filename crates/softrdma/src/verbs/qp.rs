@@ -131,6 +131,15 @@ pub fn random_psn() -> u32 {
 
 impl Qp {
     pub(crate) fn create(pd: &Pd, attr: &QpInitAttr) -> Result<Qp, VerbsError> {
+        Qp::create_numbered(pd, attr, None)
+    }
+
+    /// Create a QP with number `fixed` (QP1, the connection manager's), or a random one.
+    pub(crate) fn create_numbered(
+        pd: &Pd,
+        attr: &QpInitAttr,
+        fixed: Option<u32>,
+    ) -> Result<Qp, VerbsError> {
         let engine = pd.device().engine();
         let max_qp = pd.device().query_device().max_qp as usize;
         if engine.qp_count() >= max_qp {
@@ -141,7 +150,13 @@ impl Qp {
         let srq_id = attr.srq.as_ref().map(|s| s.id());
         // Unpredictable QP numbers (not 0 or 1, which are special in InfiniBand).
         let mut qpn = 0;
-        for _ in 0..64 {
+        if let Some(f) = fixed {
+            if engine.has_qp(f) {
+                return Err(VerbsError::NoResources(format!("QP {f} exists already")));
+            }
+            qpn = f;
+        }
+        for _ in 0..if fixed.is_some() { 0 } else { 64 } {
             let c = random_u32() & 0x00ff_ffff;
             if c > 1 && !engine.has_qp(c) {
                 qpn = c;

@@ -1,0 +1,715 @@
+//! The connection manager of a device: the CM ([`crate::cm::Agent`]) on the device's QP1,
+//! driven by a thread of its own, and a blocking API over it in rdma_cm's terms (listen on
+//! a port, connect to an address and port, accept or reject a request, disconnect), so that
+//! Rust programs connect RC QPs the way librdmacm programs do, and with the same messages
+//! on the wire (REQ/REP/RTU with rdma_cm's IP header, DREQ/DREP).
+//!
+//! QP1 is an ordinary UD QP of the device with the GSI Q_Key; its thread sleeps on a
+//! completion channel between MADs and timeouts, so connection management costs the data
+//! path nothing while no connection is being made.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{
+    Access, Ah, CompChannel, Cq, Device, Mr, Pd, Qp, QpAttr, QpInitAttr, QpType, RecvWr, SendWr,
+    VerbsError, WcOpcode, WcStatus, WorkCompletion, WrOpcode, random_psn,
+};
+use crate::cm::{AcceptParams, Agent, AgentConfig, CmEvent, ConnId, ConnectParams, PeerParams};
+use crate::rc::{GRH_LEN, Mtu, unreliable::grh_source};
+use crate::wire::cm::CmPath;
+use crate::wire::cma::{CMA_HDR_LEN, CmaHdr, PortSpace};
+use crate::wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
+
+/// Receive buffers of QP1.
+const RECV_SLOTS: u64 = 64;
+/// Send buffers of QP1.
+const SEND_SLOTS: u64 = 64;
+const RECV_SLOT: u64 = (GRH_LEN + MAD_LEN) as u64;
+/// `wr_id`s of sends start here.
+const SEND_ID: u64 = 1 << 32;
+
+/// Why a connection could not be made or used.
+#[derive(Debug, thiserror::Error)]
+pub enum CmError {
+    /// The peer rejected the connection (`wire::cm::rej_reason`), with its private data.
+    #[error("rejected by the peer (reason {reason})")]
+    Rejected {
+        /// The REJ's reason.
+        reason: u16,
+        /// The REJ's private data.
+        private_data: Vec<u8>,
+    },
+    /// The peer never answered.
+    #[error("the peer is unreachable")]
+    Unreachable,
+    /// Nothing happened within the time given.
+    #[error("timed out")]
+    Timeout,
+    /// The connection went down.
+    #[error("disconnected")]
+    Disconnected,
+    /// The CM refused the request.
+    #[error("{0}")]
+    Cm(#[from] crate::cm::Error),
+    /// A verb failed (QP bring-up, QP1).
+    #[error("{0}")]
+    Verbs(#[from] VerbsError),
+}
+
+/// What a side offers for a connection: its READ/atomic depths, retry counts and private
+/// data (`struct rdma_conn_param`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnParam {
+    /// Private data: up to 56 bytes in a connect (the REQ's 92 less rdma_cm's header), 196 in
+    /// an accept.
+    pub private_data: Vec<u8>,
+    /// READs and atomics this side accepts at once.
+    pub responder_resources: u8,
+    /// READs and atomics this side issues at once.
+    pub initiator_depth: u8,
+    /// Transport retry count.
+    pub retry_count: u8,
+    /// RNR retry count.
+    pub rnr_retry_count: u8,
+}
+
+impl Default for ConnParam {
+    fn default() -> Self {
+        ConnParam {
+            private_data: Vec::new(),
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        }
+    }
+}
+
+struct Shared {
+    agent: Agent,
+    /// Events of connections, by connection.
+    events: HashMap<ConnId, VecDeque<CmEvent>>,
+    /// Requests for each listening port, oldest first.
+    requests: HashMap<u16, VecDeque<(ConnId, IpAddr, Box<PeerParams>)>>,
+    /// Send slots free.
+    free_sends: Vec<u64>,
+}
+
+struct Inner {
+    dev: Device,
+    pd: Pd,
+    qp: Qp,
+    cq: Cq,
+    channel: CompChannel,
+    rbuf: Mr,
+    sbuf: Mr,
+    ahs: Mutex<HashMap<IpAddr, Ah>>,
+    shared: Mutex<Shared>,
+    cond: Condvar,
+    stop: AtomicBool,
+    epoch: Instant,
+}
+
+impl core::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ConnectionManager")
+            .field("device", &self.dev.addr())
+            .finish()
+    }
+}
+
+/// The connection manager of one device (it owns the device's QP1). Dropping the last
+/// handle stops its thread.
+#[derive(Debug)]
+pub struct ConnectionManager {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock(m: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn seed() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        return Instant::now().elapsed().as_nanos() as u64 ^ 0x5eed;
+    }
+    u64::from_ne_bytes(b)
+}
+
+/// The IPv4-mapped (or IPv6) GID of an address.
+fn gid_of(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn mtu_of(code: u8) -> Mtu {
+    match code {
+        1 => Mtu::Mtu256,
+        2 => Mtu::Mtu512,
+        4 => Mtu::Mtu2048,
+        5 => Mtu::Mtu4096,
+        _ => Mtu::Mtu1024,
+    }
+}
+
+impl ConnectionManager {
+    /// Open the connection manager of `dev`: create its QP1 and start its thread. One per
+    /// device (a second fails with `NoResources`: QP1 exists).
+    pub fn open(dev: &Device) -> Result<ConnectionManager, VerbsError> {
+        let pd = dev.alloc_pd()?;
+        let channel = dev.create_comp_channel()?;
+        let cq = dev.create_cq((RECV_SLOTS + SEND_SLOTS) as u32, Some(&channel))?;
+        let mut attr = QpInitAttr::new(&cq).with_type(QpType::Ud);
+        attr.cap.max_recv_wr = RECV_SLOTS as u32;
+        attr.cap.max_send_wr = SEND_SLOTS as u32;
+        let qp = Qp::create_numbered(&pd, &attr, Some(GSI_QPN))?;
+        qp.ready_ud(GSI_QKEY, random_psn())?;
+        let rbuf = pd.alloc_mr((RECV_SLOTS * RECV_SLOT) as usize, Access::LOCAL_WRITE)?;
+        let sbuf = pd.alloc_mr((SEND_SLOTS * MAD_LEN as u64) as usize, Access::LOCAL_WRITE)?;
+        for i in 0..RECV_SLOTS {
+            qp.post_recv(&RecvWr {
+                wr_id: i,
+                sg_list: &[rbuf.sge(i * RECV_SLOT, RECV_SLOT as u32)],
+            })?;
+        }
+        let ca_guid = u64::from_be_bytes(dev.gid()[8..].try_into().unwrap_or([0; 8]));
+        let agent = Agent::new(
+            AgentConfig {
+                ca_guid,
+                ..AgentConfig::default()
+            },
+            seed(),
+        );
+        let inner = Arc::new(Inner {
+            dev: dev.clone(),
+            pd,
+            qp,
+            cq,
+            channel,
+            rbuf,
+            sbuf,
+            ahs: Mutex::new(HashMap::new()),
+            shared: Mutex::new(Shared {
+                agent,
+                events: HashMap::new(),
+                requests: HashMap::new(),
+                free_sends: (0..SEND_SLOTS).collect(),
+            }),
+            cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+        });
+        let run = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("softrdma-cm".into())
+            .spawn(move || run.run())?;
+        Ok(ConnectionManager {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.inner.dev
+    }
+
+    /// What the CM counted.
+    pub fn counters(&self) -> crate::cm::CmCounters {
+        lock(&self.inner.shared).agent.counters()
+    }
+
+    /// Listen on `port` of rdma_cm's TCP port space: REQs for it wait in the listener.
+    pub fn listen(&self, port: u16) -> Result<Listener<'_>, CmError> {
+        let mut s = lock(&self.inner.shared);
+        s.agent.listen(PortSpace::Tcp.service_id(port))?;
+        s.requests.insert(port, VecDeque::new());
+        Ok(Listener { cm: self, port })
+    }
+
+    /// Connect the fresh RC QP `qp` to whoever listens on `dst` (IP and rdma_cm port): REQ,
+    /// then, on the REP, `qp` is brought to RTS with the peer's QPN and PSN and the RTU sent.
+    pub fn connect(
+        &self,
+        qp: &Qp,
+        dst: SocketAddr,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<Connection<'_>, CmError> {
+        let dev = &self.inner.dev;
+        let src = dev.addr();
+        let mut private = vec![0u8; CMA_HDR_LEN];
+        CmaHdr {
+            src,
+            src_port: (seed() as u16) | 0x8000,
+            dst: dst.ip(),
+        }
+        .emit(&mut private)
+        .map_err(crate::cm::Error::from)?;
+        private.extend_from_slice(&param.private_data);
+        let sq_psn = random_psn();
+        let mtu = dev.config().active_mtu;
+        let p = ConnectParams {
+            peer: dst.ip(),
+            service_id: PortSpace::Tcp.service_id(dst.port()),
+            qpn: qp.qp_num(),
+            starting_psn: sq_psn,
+            responder_resources: param.responder_resources,
+            initiator_depth: param.initiator_depth,
+            path_mtu: mtu as u8,
+            retry_count: param.retry_count.min(7),
+            rnr_retry_count: param.rnr_retry_count.min(7),
+            srq: false,
+            transport: 0,
+            path: CmPath {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: gid_of(src),
+                remote_gid: gid_of(dst.ip()),
+                hop_limit: 64,
+                local_ack_timeout: 14,
+                ..CmPath::default()
+            },
+            private_data: private,
+        };
+        let id = {
+            let mut s = lock(&self.inner.shared);
+            let now = self.inner.now();
+            let id = s.agent.connect(now, p)?;
+            s.events.insert(id, VecDeque::new());
+            self.inner.flush(&mut s);
+            id
+        };
+        let mut conn = Connection {
+            cm: self,
+            id,
+            peer: dst.ip(),
+            private_data: Vec::new(),
+        };
+        match self.inner.wait_event(id, timeout)? {
+            CmEvent::Established {
+                params: Some(rep), ..
+            } => {
+                let a = QpAttr {
+                    path_mtu: mtu,
+                    dest_qp_num: rep.qpn,
+                    rq_psn: rep.starting_psn,
+                    sq_psn,
+                    max_rd_atomic: param.initiator_depth.min(rep.responder_resources),
+                    max_dest_rd_atomic: param.responder_resources,
+                    retry_cnt: param.retry_count.min(7),
+                    rnr_retry: rep.rnr_retry_count,
+                    timeout: 14,
+                    min_rnr_timer: 12,
+                    qp_access_flags: Access::REMOTE_WRITE
+                        | Access::REMOTE_READ
+                        | Access::REMOTE_ATOMIC,
+                    ..QpAttr::default()
+                };
+                qp.connect(dst.ip(), &a)?;
+                conn.private_data = rep.private_data;
+                Ok(conn)
+            }
+            e => Err(conn.fail(e)),
+        }
+    }
+}
+
+impl Drop for ConnectionManager {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A port being listened on. Dropping it stops listening.
+#[derive(Debug)]
+pub struct Listener<'a> {
+    cm: &'a ConnectionManager,
+    port: u16,
+}
+
+impl<'a> Listener<'a> {
+    /// The next connection request, waiting up to `timeout`.
+    pub fn get_request(&self, timeout: Duration) -> Result<ConnRequest<'a>, CmError> {
+        let inner = &self.cm.inner;
+        let deadline = Instant::now() + timeout;
+        let mut s = lock(&inner.shared);
+        loop {
+            if let Some((id, peer, params)) =
+                s.requests.get_mut(&self.port).and_then(|q| q.pop_front())
+            {
+                s.events.insert(id, VecDeque::new());
+                return Ok(ConnRequest {
+                    cm: self.cm,
+                    id,
+                    peer,
+                    params,
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CmError::Timeout);
+            }
+            s = inner
+                .cond
+                .wait_timeout(s, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+impl Drop for Listener<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.cm.inner.shared);
+        let _ = s.agent.unlisten(PortSpace::Tcp.service_id(self.port));
+        if let Some(q) = s.requests.remove(&self.port) {
+            for (id, _, _) in q {
+                let _ = s.agent.reject(id, &[]);
+            }
+        }
+        self.cm.inner.flush(&mut s);
+    }
+}
+
+/// A connection request: accept or reject it (dropping it rejects).
+#[derive(Debug)]
+pub struct ConnRequest<'a> {
+    cm: &'a ConnectionManager,
+    id: ConnId,
+    peer: IpAddr,
+    params: Box<PeerParams>,
+}
+
+impl<'a> ConnRequest<'a> {
+    /// Who asks.
+    pub fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    /// The requester's private data (after rdma_cm's header).
+    pub fn private_data(&self) -> &[u8] {
+        self.params
+            .private_data
+            .get(CMA_HDR_LEN..)
+            .unwrap_or_default()
+    }
+
+    /// Accept with the fresh RC QP `qp`: it is brought to RTS toward the requester, the REP
+    /// sent, and the RTU awaited (up to `timeout`).
+    pub fn accept(
+        mut self,
+        qp: &Qp,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<Connection<'a>, CmError> {
+        let p = &self.params;
+        let sq_psn = random_psn();
+        let mtu = mtu_of(p.path_mtu).min(self.cm.inner.dev.config().active_mtu);
+        let a = QpAttr {
+            path_mtu: mtu,
+            dest_qp_num: p.qpn,
+            rq_psn: p.starting_psn,
+            sq_psn,
+            max_rd_atomic: param.initiator_depth.min(p.responder_resources),
+            max_dest_rd_atomic: param.responder_resources,
+            retry_cnt: p.retry_count,
+            rnr_retry: p.rnr_retry_count,
+            timeout: 14,
+            min_rnr_timer: 12,
+            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        };
+        qp.connect(self.peer, &a)?;
+        let id = std::mem::replace(&mut self.id, 0);
+        let conn = Connection {
+            cm: self.cm,
+            id,
+            peer: self.peer,
+            private_data: Vec::new(),
+        };
+        {
+            let mut s = lock(&self.cm.inner.shared);
+            let now = self.cm.inner.now();
+            s.agent.accept(
+                now,
+                id,
+                AcceptParams {
+                    qpn: qp.qp_num(),
+                    starting_psn: sq_psn,
+                    responder_resources: param.responder_resources,
+                    initiator_depth: param.initiator_depth,
+                    rnr_retry_count: param.rnr_retry_count.min(7),
+                    srq: false,
+                    private_data: param.private_data.clone(),
+                },
+            )?;
+            self.cm.inner.flush(&mut s);
+        }
+        match self.cm.inner.wait_event(id, timeout)? {
+            CmEvent::Established { .. } => Ok(conn),
+            e => Err(conn.fail(e)),
+        }
+    }
+
+    /// Reject with private data (up to 148 bytes).
+    pub fn reject(mut self, private_data: &[u8]) -> Result<(), CmError> {
+        let id = std::mem::replace(&mut self.id, 0);
+        let mut s = lock(&self.cm.inner.shared);
+        s.events.remove(&id);
+        s.agent.reject(id, private_data)?;
+        self.cm.inner.flush(&mut s);
+        Ok(())
+    }
+}
+
+impl Drop for ConnRequest<'_> {
+    fn drop(&mut self) {
+        if self.id != 0 {
+            let mut s = lock(&self.cm.inner.shared);
+            s.events.remove(&self.id);
+            let _ = s.agent.destroy(self.id);
+            self.cm.inner.flush(&mut s);
+        }
+    }
+}
+
+/// An established connection. Dropping it disconnects (a DREQ, not waited for).
+#[derive(Debug)]
+pub struct Connection<'a> {
+    cm: &'a ConnectionManager,
+    id: ConnId,
+    peer: IpAddr,
+    private_data: Vec<u8>,
+}
+
+impl Connection<'_> {
+    /// The peer.
+    pub fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    /// The private data of the peer's REP (active side; empty on the passive side).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// The error an unexpected event means; the connection is forgotten.
+    fn fail(mut self, e: CmEvent) -> CmError {
+        let id = std::mem::replace(&mut self.id, 0);
+        let mut s = lock(&self.cm.inner.shared);
+        s.events.remove(&id);
+        let _ = s.agent.destroy(id);
+        self.cm.inner.flush(&mut s);
+        match e {
+            CmEvent::Rejected {
+                reason,
+                private_data,
+                ..
+            } => CmError::Rejected {
+                reason,
+                private_data,
+            },
+            CmEvent::Unreachable { .. } => CmError::Unreachable,
+            _ => CmError::Disconnected,
+        }
+    }
+
+    /// Disconnect: DREQ, and wait (up to `timeout`) for the DREP or the peer's own DREQ.
+    pub fn disconnect(&self, timeout: Duration) -> Result<(), CmError> {
+        {
+            let mut s = lock(&self.cm.inner.shared);
+            let now = self.cm.inner.now();
+            s.agent.disconnect(now, self.id, &[])?;
+            self.cm.inner.flush(&mut s);
+        }
+        self.wait_disconnected(timeout)
+    }
+
+    /// Wait (up to `timeout`) until the connection is down (the peer disconnected, or our
+    /// DREQ was answered or ran out of retries).
+    pub fn wait_disconnected(&self, timeout: Duration) -> Result<(), CmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.cm.inner.wait_event(self.id, left)? {
+                CmEvent::Disconnected { .. } => return Ok(()),
+                CmEvent::TimewaitExit { .. } => return Ok(()),
+                _ => continue,
+            }
+        }
+    }
+}
+
+impl Drop for Connection<'_> {
+    fn drop(&mut self) {
+        if self.id != 0 {
+            let mut s = lock(&self.cm.inner.shared);
+            s.events.remove(&self.id);
+            let _ = s.agent.destroy(self.id);
+            self.cm.inner.flush(&mut s);
+        }
+    }
+}
+
+impl Inner {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The next event of connection `id`, waiting up to `timeout`.
+    fn wait_event(&self, id: ConnId, timeout: Duration) -> Result<CmEvent, CmError> {
+        let deadline = Instant::now() + timeout;
+        let mut s = lock(&self.shared);
+        loop {
+            if let Some(e) = s.events.get_mut(&id).and_then(|q| q.pop_front()) {
+                return Ok(e);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CmError::Timeout);
+            }
+            s = self
+                .cond
+                .wait_timeout(s, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Send what the agent queued and hand out its events.
+    fn flush(&self, s: &mut Shared) {
+        while let Some(t) = s.agent.poll_transmit() {
+            let Some(slot) = s.free_sends.pop() else {
+                // Every send buffer is in flight: the MAD is lost, as on a full send queue;
+                // the CM's retries cover it.
+                continue;
+            };
+            let off = slot * MAD_LEN as u64;
+            if self.sbuf.write(off, &t.mad).is_err() {
+                s.free_sends.push(slot);
+                continue;
+            }
+            let ah = {
+                let mut ahs = self.ahs.lock().unwrap_or_else(PoisonError::into_inner);
+                ahs.entry(t.dst)
+                    .or_insert_with(|| Ah::new(&self.pd, t.dst))
+                    .clone()
+            };
+            let sge = [self.sbuf.sge(off, MAD_LEN as u32)];
+            let wr = SendWr::new(SEND_ID + slot, WrOpcode::Send)
+                .sg(&sge)
+                .ud(ah.dest(GSI_QPN, GSI_QKEY));
+            if self.qp.post_send(&wr).is_err() {
+                s.free_sends.push(slot);
+            }
+        }
+        let mut woke = false;
+        while let Some(e) = s.agent.poll_event() {
+            woke = true;
+            match e {
+                CmEvent::ConnectRequest { conn, peer, params } => {
+                    let port = PortSpace::of_service_id(params.service_id).map(|(_, p)| p);
+                    match port.and_then(|p| s.requests.get_mut(&p)) {
+                        Some(q) => q.push_back((conn, peer, params)),
+                        None => {
+                            let _ = s.agent.reject(conn, &[]);
+                        }
+                    }
+                }
+                e => {
+                    let id = match &e {
+                        CmEvent::Established { conn, .. }
+                        | CmEvent::Rejected { conn, .. }
+                        | CmEvent::Unreachable { conn }
+                        | CmEvent::Disconnected { conn, .. }
+                        | CmEvent::TimewaitExit { conn }
+                        | CmEvent::ConnectRequest { conn, .. } => *conn,
+                    };
+                    if let Some(q) = s.events.get_mut(&id) {
+                        q.push_back(e);
+                    }
+                }
+            }
+        }
+        if woke {
+            self.cond.notify_all();
+        }
+    }
+
+    /// A completion of QP1.
+    fn complete(&self, s: &mut Shared, wc: &WorkCompletion) {
+        if wc.wr_id >= SEND_ID {
+            s.free_sends.push(wc.wr_id - SEND_ID);
+            return;
+        }
+        let slot = wc.wr_id;
+        if wc.status == WcStatus::Success && wc.opcode == WcOpcode::Recv {
+            let mut buf = [0u8; RECV_SLOT as usize];
+            let len = (wc.byte_len as usize).min(buf.len());
+            if self.rbuf.read(slot * RECV_SLOT, &mut buf[..len]).is_ok() && len >= GRH_LEN {
+                let grh: &[u8; GRH_LEN] = buf[..GRH_LEN].try_into().unwrap_or(&[0; GRH_LEN]);
+                if let Some((src, _)) = grh_source(grh) {
+                    let src = match src {
+                        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+                        v4 => v4,
+                    };
+                    let now = self.now();
+                    s.agent.handle_mad(now, src, &buf[GRH_LEN..len]);
+                }
+            }
+        }
+        if !self.stop.load(Ordering::Acquire) {
+            let _ = self.qp.post_recv(&RecvWr {
+                wr_id: slot,
+                sg_list: &[self.rbuf.sge(slot * RECV_SLOT, RECV_SLOT as u32)],
+            });
+        }
+    }
+
+    /// The thread: MADs in, timeouts, MADs out, events to the waiting callers.
+    fn run(&self) {
+        let mut wcs = [super::EMPTY_WC; 16];
+        while !self.stop.load(Ordering::Acquire) {
+            self.cq.req_notify(false);
+            loop {
+                let n = self.cq.poll(&mut wcs);
+                if n == 0 {
+                    break;
+                }
+                let mut s = lock(&self.shared);
+                for wc in &wcs[..n] {
+                    self.complete(&mut s, wc);
+                }
+                self.flush(&mut s);
+            }
+            let wait = {
+                let mut s = lock(&self.shared);
+                let now = self.now();
+                s.agent.handle_timeout(now);
+                self.flush(&mut s);
+                s.agent
+                    .next_timeout()
+                    .map_or(Duration::from_millis(50), |t| {
+                        Duration::from_nanos(t.saturating_sub(now))
+                    })
+                    .min(Duration::from_millis(50))
+            };
+            let _ = self
+                .channel
+                .get_event(Some(wait.max(Duration::from_micros(100))));
+        }
+    }
+}
