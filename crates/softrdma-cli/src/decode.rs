@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use softrdma::wire::cm::{CmMad, attr_info};
+use softrdma::wire::mad::GSI_QPN;
 use softrdma::wire::{self, Packet, Syndrome, icrc};
 
 use crate::capture::{self, CaptureError, Classified, UdpFrame};
@@ -115,6 +117,19 @@ pub fn decode_capture(
     Ok(s)
 }
 
+/// A UD datagram from QP1 to QP1 is a MAD: the CM message it carries (its attribute's name
+/// and the message), or why it is not one; `None` for other packets.
+fn cm_mad(p: &Packet<'_>) -> Option<Result<(&'static str, CmMad), softrdma::wire::Error>> {
+    let d = p.hdr.deth?;
+    if p.hdr.bth.dest_qp != GSI_QPN || d.src_qp != GSI_QPN {
+        return None;
+    }
+    Some(CmMad::parse(p.payload).map(|m| {
+        let name = attr_info(m.msg.attr_id()).map_or("?", |a| a.name);
+        (name, m)
+    }))
+}
+
 fn headers_text(p: &Packet<'_>, out: &mut String) {
     let h = &p.hdr;
     let b = &h.bth;
@@ -135,6 +150,22 @@ fn headers_text(p: &Packet<'_>, out: &mut String) {
     }
     if let Some(d) = h.deth {
         let _ = write!(out, " [DETH qkey={:#010x} srcqp={:#08x}]", d.qkey, d.src_qp);
+    }
+    if let Some(m) = cm_mad(p) {
+        match m {
+            Ok((name, mad)) => {
+                let _ = write!(
+                    out,
+                    " [CM {name} tid={:#x} local_comm_id={:#010x} remote_comm_id={:#010x}]",
+                    mad.tid,
+                    mad.msg.local_comm_id(),
+                    mad.msg.remote_comm_id()
+                );
+            }
+            Err(e) => {
+                let _ = write!(out, " [MAD not a CM message: {e}]");
+            }
+        }
     }
     if let Some(f) = h.feth {
         let _ = write!(out, " [FETH sel={} plt={}]", f.sel, f.plt);
@@ -214,6 +245,17 @@ pub fn record_json(r: &Record<'_>) -> Value {
         });
         if let Some(d) = h.deth {
             o["deth"] = json!({ "qkey": d.qkey, "src_qp": d.src_qp });
+        }
+        match cm_mad(p) {
+            Some(Ok((name, mad))) => {
+                o["cm"] = json!({
+                    "name": name, "attr_id": mad.msg.attr_id(), "tid": mad.tid,
+                    "local_comm_id": mad.msg.local_comm_id(),
+                    "remote_comm_id": mad.msg.remote_comm_id(),
+                });
+            }
+            Some(Err(e)) => o["mad_error"] = json!(e.to_string()),
+            None => {}
         }
         if let Some(f) = h.feth {
             o["feth"] = json!({ "sel": f.sel, "plt": f.plt });
