@@ -57,24 +57,10 @@ impl SendSide {
             return ReqOutput::Idle;
         }
         loop {
-            if self.req_seq < self.sq.head {
-                self.req_seq = self.sq.head;
-                self.req_pkt = 0;
-            }
-            if self.req_seq >= self.sq.tail {
+            let Some(seq) = self.next_unfinished(sqd) else {
                 return ReqOutput::Idle;
-            }
-            let seq = self.req_seq;
-            let w = self.sq.get(seq);
-            if w.done.is_some() {
-                self.req_seq += 1;
-                self.req_pkt = 0;
-                continue;
-            }
-            if !w.psn_assigned {
-                if sqd {
-                    return ReqOutput::Idle;
-                }
+            };
+            if !self.sq.get(seq).psn_assigned {
                 match self.start_wqe(seq, now, actx, mem) {
                     Start::Started => {}
                     Start::Next => continue,
