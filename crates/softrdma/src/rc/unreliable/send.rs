@@ -163,7 +163,7 @@ fn build_ud(
     out: (&mut [u8], Option<&mut Gather>),
 ) -> Result<usize, LocalErr> {
     let (actx, mem, qp_qkey) = (env.actx, env.mem, env.qkey);
-    let icrc = &IcrcPrefix::new(d.av);
+    let icrc = d.icrc();
     let (opcode, imm) = match w.op {
         WrOpcode::Send => (Opcode::UD_SEND_ONLY, None),
         WrOpcode::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_IMM, Some(imm)),
