@@ -14,34 +14,50 @@
 //! (`softrdma_compat_<name>`, kept local by the map's `local: *`) and `.symver` gives it the
 //! non-default version.
 
+/// The parts of a trampoline that differ between targets: the symbol type's syntax and the
+/// tail jump to the operand `f`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! arch {
+    (function) => {
+        "@function"
+    };
+    (jump) => {
+        "jmp {f}"
+    };
+}
+
+#[cfg(target_arch = "aarch64")]
+macro_rules! arch {
+    (function) => {
+        "%function"
+    };
+    (jump) => {
+        "b {f}"
+    };
+}
+
+/// One trampoline, what `exports!` and `compat_exports!` both expand to: the global function
+/// `$prefix$name`, a tail jump to `$path`, and then the assembler lines `$extra`.
+macro_rules! trampoline {
+    ($prefix:literal, $name:ident = $path:path $(, $extra:expr)* $(,)?) => {
+        core::arch::global_asm!(
+            ".pushsection .text",
+            concat!(".globl ", $prefix, stringify!($name)),
+            concat!(".type ", $prefix, stringify!($name), ",", arch!(function)),
+            ".p2align 4",
+            concat!($prefix, stringify!($name), ":"),
+            arch!(jump),
+            concat!(".size ", $prefix, stringify!($name), ", . - ", $prefix, stringify!($name)),
+            $( $extra, )*
+            ".popsection",
+            f = sym $path,
+        );
+    };
+}
+
 macro_rules! exports {
     ($( $node:literal => [ $( $name:ident = $path:path ),* $(,)? ] ),* $(,)?) => {
-        $( $(
-            #[cfg(target_arch = "x86_64")]
-            core::arch::global_asm!(
-                ".pushsection .text",
-                concat!(".globl ", stringify!($name)),
-                concat!(".type ", stringify!($name), ",@function"),
-                ".p2align 4",
-                concat!(stringify!($name), ":"),
-                "jmp {f}",
-                concat!(".size ", stringify!($name), ", . - ", stringify!($name)),
-                ".popsection",
-                f = sym $path,
-            );
-            #[cfg(target_arch = "aarch64")]
-            core::arch::global_asm!(
-                ".pushsection .text",
-                concat!(".globl ", stringify!($name)),
-                concat!(".type ", stringify!($name), ",%function"),
-                ".p2align 4",
-                concat!(stringify!($name), ":"),
-                "b {f}",
-                concat!(".size ", stringify!($name), ", . - ", stringify!($name)),
-                ".popsection",
-                f = sym $path,
-            );
-        )* )*
+        $( $( trampoline!("", $name = $path); )* )*
 
         /// Every exported symbol with its version node.
         pub const EXPORTS: &[(&str, &str)] = &[ $( $( (stringify!($name), $node), )* )* ];
@@ -51,35 +67,11 @@ macro_rules! exports {
 macro_rules! compat_exports {
     ($( $node:literal => [ $( $name:ident = $path:path ),* $(,)? ] ),* $(,)?) => {
         $( $(
-            #[cfg(target_arch = "x86_64")]
-            core::arch::global_asm!(
-                ".pushsection .text",
-                concat!(".globl softrdma_compat_", stringify!($name)),
-                concat!(".type softrdma_compat_", stringify!($name), ",@function"),
-                ".p2align 4",
-                concat!("softrdma_compat_", stringify!($name), ":"),
-                "jmp {f}",
-                concat!(".size softrdma_compat_", stringify!($name), ", . - softrdma_compat_",
-                    stringify!($name)),
+            trampoline!(
+                "softrdma_compat_",
+                $name = $path,
                 concat!(".symver softrdma_compat_", stringify!($name), ", ", stringify!($name),
                     "@", $node),
-                ".popsection",
-                f = sym $path,
-            );
-            #[cfg(target_arch = "aarch64")]
-            core::arch::global_asm!(
-                ".pushsection .text",
-                concat!(".globl softrdma_compat_", stringify!($name)),
-                concat!(".type softrdma_compat_", stringify!($name), ",%function"),
-                ".p2align 4",
-                concat!("softrdma_compat_", stringify!($name), ":"),
-                "b {f}",
-                concat!(".size softrdma_compat_", stringify!($name), ", . - softrdma_compat_",
-                    stringify!($name)),
-                concat!(".symver softrdma_compat_", stringify!($name), ", ", stringify!($name),
-                    "@", $node),
-                ".popsection",
-                f = sym $path,
             );
         )* )*
 

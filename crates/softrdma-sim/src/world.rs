@@ -290,11 +290,8 @@ impl World {
     /// The destination of a UD work request from `from` to QP `remote_qpn` at the host with
     /// address `ip` (the address vector runs from `from`'s host to `ip`).
     pub fn ud_dest_ip(&self, from: QpRef, ip: Ipv4Addr, remote_qpn: u32, qkey: u32) -> UdDest {
-        UdDest {
-            av: IcrcContext::v4(self.eps[from.ep].ip, ip, self.src_port(from)),
-            remote_qpn,
-            remote_qkey: qkey,
-        }
+        let av = IcrcContext::v4(self.eps[from.ep].ip, ip, self.src_port(from));
+        UdDest::new(av, remote_qpn, qkey)
     }
 
     /// The destination of a UD work request from `from` to the QP `to`.

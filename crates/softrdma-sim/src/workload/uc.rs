@@ -36,17 +36,17 @@ use std::collections::{HashMap, VecDeque};
 
 use softrdma::mem::Access;
 use softrdma::rc::{
-    Mtu, PostError, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, UnrelCounters, WcOpcode,
-    WcStatus, WorkCompletion, WrOpcode,
+    Mtu, PostError, QpCap, QpType, UnrelCounters, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use softrdma::wire::{HeaderRepr, OpKind, Position, Psn, Transport};
 
 use super::unrel::{
-    Ledger, UnrelReport, add_unrel, check_counter_delta, fault_desc, maybe_partition, note,
-    pick_faults, qp_name, unrel_delta, unrel_total,
+    self, Ledger, Message, UnrelReport, Workload, add_unrel, check_counter_delta, complete_send,
+    expected_recv, fault_desc, finish_start, maybe_partition, new_world, note, qp_name,
+    unrel_delta, unrel_total, workload_state,
 };
 use crate::rng::Rng;
-use crate::world::{ConnOpts, Fate, QpRef, TraceEvent, World};
+use crate::world::{ConnOpts, Fate, QpRef, World};
 
 const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0);
 const BASE: u64 = 0x3_0000;
@@ -176,11 +176,7 @@ fn position(k: u32, n: u32) -> Position {
 
 impl Sim {
     fn new(seed: u64, opts: UcOptions) -> Sim {
-        let mut rng = Rng::new(seed);
-        let faults = pick_faults(&mut rng);
-        let mut w = World::new(rng.next_u64(), faults);
-        w.trace = Some(Vec::new());
-        w.net.log = Some(Vec::new());
+        let (mut rng, faults, mut w) = new_world(seed);
         let neps = rng.range(2, 3) as usize;
         for _ in 0..neps {
             w.add_endpoint();
@@ -271,6 +267,78 @@ impl Sim {
         s
     }
 
+    fn pick_len(&mut self, mtu: u32) -> usize {
+        let (r, m) = (&mut self.rng, u64::from(mtu));
+        (match r.below(100) {
+            0..8 => 0,
+            8..38 => r.range(1, m),
+            38..85 => r.range(m + 1, 4 * m),
+            _ => r.range(4 * m + 1, 8 * m),
+        }) as usize
+    }
+
+    /// A WRITE's target: every byte old or the WRITE's, all the WRITE's when `whole`.
+    fn check_target(&mut self, m: usize, whole: bool) {
+        let g = &self.msgs[m];
+        if g.target == 0 {
+            return;
+        }
+        let ep = self.qps[g.to].r.ep;
+        let c = self.w.eps[ep].mem.contents(g.target);
+        let bad = c[..g.len]
+            .iter()
+            .zip(&g.data)
+            .position(|(&x, &d)| x != d && (whole || x != g.fill));
+        if let Some(i) = bad {
+            let s = format!(
+                "WRITE {m} ({} B): target byte {i} is {:#04x}, want {:#04x}{}",
+                g.len,
+                c[i],
+                g.data[i],
+                if whole { "" } else { " or the old value" }
+            );
+            note(&mut self.report, &self.w, s);
+        }
+    }
+
+    fn complete(&mut self, m: usize) {
+        let g = &mut self.msgs[m];
+        g.completions += 1;
+        self.report.completed += 1;
+        self.report.bytes += g.len as u64;
+        if g.completions > 1 {
+            self.report.duplicates += 1;
+        }
+    }
+
+    /// Why message `m`, which never had a clean run, could not have one: the network lost,
+    /// corrupted or duplicated a packet of it, or a copy out of order came among its packets.
+    fn network_reason(&self, m: usize) -> Option<String> {
+        let g = &self.msgs[m];
+        for (k, id) in g.pkts.iter().enumerate() {
+            let f = self.ledger.pkts.get(id).copied().unwrap_or_default();
+            if f.handled != 1 {
+                return Some(format!(
+                    "packet {k} reached the receiver {} times",
+                    f.handled
+                ));
+            }
+        }
+        let log = &self.qps[g.to].log;
+        let at: Vec<usize> = (0..g.npkts)
+            .filter_map(|k| log.iter().position(|&(x, y, _)| x == m && y == k))
+            .collect();
+        let (lo, hi) = (at.iter().min()?, at.iter().max()?);
+        log[*lo..=*hi]
+            .iter()
+            .any(|&(_, _, late)| late)
+            .then(|| "a copy out of order came among its packets".into())
+    }
+}
+
+impl Workload for Sim {
+    workload_state!("message", msgs);
+
     fn repick_targets(&mut self) {
         let extra = usize::from(self.opts.greedy_receives);
         for q in &mut self.qps {
@@ -304,16 +372,8 @@ impl Sim {
             let mem = &self.w.eps[r.ep].mem;
             let key = mem.reg_mr(1, BASE, len.max(1), RW);
             let id = self.recvs.len();
-            let sge = [Sge {
-                addr: BASE,
-                length: len as u32,
-                lkey: key,
-            }];
-            let wr = RecvWr {
-                wr_id: id as u64,
-                sg_list: if len == 0 { &[] } else { &sge },
-            };
-            match self.w.qp(r).post_recv(&wr) {
+            let w = &mut self.w;
+            match unrel::post_recv(id, (BASE, key, len), |wr| w.qp(r).post_recv(wr)) {
                 Ok(()) => {}
                 Err(PostError::QueueFull) if self.opts.greedy_receives => {
                     self.w.eps[r.ep].mem.dereg(key);
@@ -340,16 +400,6 @@ impl Sim {
             });
             self.qps[qi].fifo.push_back(id);
         }
-    }
-
-    fn pick_len(&mut self, mtu: u32) -> usize {
-        let (r, m) = (&mut self.rng, u64::from(mtu));
-        (match r.below(100) {
-            0..8 => 0,
-            8..38 => r.range(1, m),
-            38..85 => r.range(m + 1, 4 * m),
-            _ => r.range(4 * m + 1, 8 * m),
-        }) as usize
     }
 
     fn post_one(&mut self) -> bool {
@@ -413,26 +463,6 @@ impl Sim {
         } else {
             (0, 0)
         };
-        let mem = &self.w.eps[from.ep].mem;
-        let key = if inline {
-            0
-        } else {
-            let k = mem.reg_mr(1, BASE, len.max(1), RW);
-            mem.fill(k, 0, &data);
-            k
-        };
-        let sge = [Sge {
-            addr: BASE,
-            length: len as u32,
-            lkey: key,
-        }];
-        let mut flags = SendFlags::NONE;
-        if signaled {
-            flags = flags | SendFlags::SIGNALED;
-        }
-        if solicited {
-            flags = flags | SendFlags::SOLICITED;
-        }
         let op = match (kind, imm) {
             (Kind::Send, _) => WrOpcode::Send,
             (Kind::SendImm, Some(imm)) => WrOpcode::SendWithImm { imm },
@@ -446,13 +476,17 @@ impl Sim {
                 rkey,
             },
         };
-        let mut wr = SendWr::new(id as u64, op).flags(flags);
-        wr = if inline {
-            wr.inline(&data)
-        } else {
-            wr.sg(&sge)
+        let m = Message {
+            id,
+            op,
+            data: &data,
+            inline,
+            signaled,
+            solicited,
+            ud: None,
         };
-        if let Err(e) = self.w.qp(from).post_send(&wr) {
+        let (key, posted) = unrel::post_send(&mut self.w, from, (BASE, RW), m);
+        if let Err(e) = posted {
             note(
                 &mut self.report,
                 &self.w,
@@ -495,107 +529,22 @@ impl Sim {
         true
     }
 
-    fn run(&mut self, max_steps: u64) {
-        let burst = 0.05 + self.rng.unit() * 0.4;
-        let mut idle = 0u32;
-        loop {
-            if self.to_post > 0 && self.rng.chance(burst) {
-                for _ in 0..self.rng.range(1, 3) {
-                    if self.to_post == 0 || !self.post_one() {
-                        break;
-                    }
-                }
-            }
-            if self.rng.chance(0.01) {
-                self.repick_targets();
-            }
-            self.post_recvs();
-            let busy = self.w.step();
-            self.check_step();
-            if !self.report.violations.is_empty() {
-                break;
-            }
-            if !busy {
-                if self.to_post == 0 {
-                    break;
-                }
-                self.w.now += self.rng.range(1_000, 20_000);
-                idle += 1;
-                if idle > 100_000 {
-                    note(&mut self.report, &self.w, "no progress".into());
-                    break;
-                }
-            }
-            if self.w.stats.steps >= max_steps {
-                note(
-                    &mut self.report,
-                    &self.w,
-                    format!("still busy after {max_steps} steps"),
-                );
-                break;
-            }
-        }
-        self.finish();
-    }
-
     fn check_step(&mut self) {
-        let trace = self
-            .w
-            .trace
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
-        for ev in trace {
-            match ev {
-                TraceEvent::Sent {
-                    id,
-                    from,
-                    hdr,
-                    payload_len,
-                    ..
-                } => self.on_sent(id, from, hdr, payload_len),
-                TraceEvent::Arrived {
-                    id,
-                    corrupted,
-                    fate,
-                    late,
-                    ..
-                } => self.on_arrived(id, corrupted, late, fate),
-            }
-        }
-        let log = self
-            .w
-            .net
-            .log
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
-        for e in log {
-            self.ledger.on_net(e);
-        }
-        while let Some(c) = self.w.completions.pop_front() {
-            if c.wc.is_recv() {
-                self.on_recv_wc(c.at, c.wc);
-            } else {
-                self.on_send_wc(c.at, c.wc);
-            }
-        }
-        self.settle_unsignaled();
-        for i in 0..self.w.eps.len() {
-            if let Err(e) = self.w.eps[i].mem.check_guards() {
-                note(&mut self.report, &self.w, e);
-            }
-        }
-        if let Some(e) = self.w.icrc_escape.take() {
-            note(&mut self.report, &self.w, e);
-        }
+        unrel::check_step(self);
     }
 
     fn qp_index(&self, r: QpRef) -> Option<usize> {
         self.qps.iter().position(|q| q.r == r)
     }
 
-    fn on_sent(&mut self, id: Option<u64>, from: QpRef, hdr: Option<HeaderRepr>, plen: usize) {
+    fn on_sent(
+        &mut self,
+        id: Option<u64>,
+        from: QpRef,
+        _to: Option<usize>,
+        hdr: Option<HeaderRepr>,
+        plen: usize,
+    ) {
         let Some(fi) = self.qp_index(from) else {
             note(
                 &mut self.report,
@@ -812,58 +761,8 @@ impl Sim {
         }
     }
 
-    /// A WRITE's target: every byte old or the WRITE's, all the WRITE's when `whole`.
-    fn check_target(&mut self, m: usize, whole: bool) {
-        let g = &self.msgs[m];
-        if g.target == 0 {
-            return;
-        }
-        let ep = self.qps[g.to].r.ep;
-        let c = self.w.eps[ep].mem.contents(g.target);
-        let bad = c[..g.len]
-            .iter()
-            .zip(&g.data)
-            .position(|(&x, &d)| x != d && (whole || x != g.fill));
-        if let Some(i) = bad {
-            let s = format!(
-                "WRITE {m} ({} B): target byte {i} is {:#04x}, want {:#04x}{}",
-                g.len,
-                c[i],
-                g.data[i],
-                if whole { "" } else { " or the old value" }
-            );
-            note(&mut self.report, &self.w, s);
-        }
-    }
-
-    fn complete(&mut self, m: usize) {
-        let g = &mut self.msgs[m];
-        g.completions += 1;
-        self.report.completed += 1;
-        self.report.bytes += g.len as u64;
-        if g.completions > 1 {
-            self.report.duplicates += 1;
-        }
-    }
-
     fn on_recv_wc(&mut self, at: QpRef, wc: WorkCompletion) {
-        let Some(ri) = self.qp_index(at) else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("receive completion on {}: {wc:?}", qp_name(at)),
-            );
-            return;
-        };
-        let Some((m, rv)) = self.qps[ri].expect.pop_front() else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!(
-                    "receive completion on {} with no message received whole: {wc:?}",
-                    qp_name(at)
-                ),
-            );
+        let Some((ri, (m, rv))) = expected_recv(self, at, &wc, "message received whole") else {
             return;
         };
         let g = &self.msgs[m];
@@ -929,37 +828,9 @@ impl Sim {
     }
 
     fn on_send_wc(&mut self, at: QpRef, wc: WorkCompletion) {
-        let Some(fi) = self.qp_index(at) else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("send completion on {}: {wc:?}", qp_name(at)),
-            );
+        let Some((_, id)) = complete_send(self, at, &wc) else {
             return;
         };
-        let id = wc.wr_id as usize;
-        let Some(pos) = self.qps[fi].unretired.iter().position(|&x| x == id) else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!(
-                    "completion for unknown or completed message {id} on {}: {wc:?}",
-                    qp_name(at)
-                ),
-            );
-            return;
-        };
-        let earlier: Vec<usize> = self.qps[fi].unretired.drain(..=pos).collect();
-        for &e in &earlier[..earlier.len() - 1] {
-            if self.msgs[e].signaled {
-                note(
-                    &mut self.report,
-                    &self.w,
-                    format!("message {id} completed before signaled message {e}"),
-                );
-            }
-            self.retire(e);
-        }
         let g = &self.msgs[id];
         let want = if g.kind.is_write() {
             WcOpcode::RdmaWrite
@@ -991,66 +862,9 @@ impl Sim {
         }
     }
 
-    fn settle_unsignaled(&mut self) {
-        for fi in 0..self.qps.len() {
-            if self.qps[fi].unretired.is_empty() || self.w.qp(self.qps[fi].r).send_queue_len() != 0
-            {
-                continue;
-            }
-            let ids: Vec<usize> = self.qps[fi].unretired.drain(..).collect();
-            for id in ids {
-                if self.msgs[id].signaled {
-                    note(
-                        &mut self.report,
-                        &self.w,
-                        format!("signaled message {id} retired without a completion"),
-                    );
-                }
-                self.retire(id);
-            }
-        }
-    }
-
-    /// Why message `m`, which never had a clean run, could not have one: the network lost,
-    /// corrupted or duplicated a packet of it, or a copy out of order came among its packets.
-    fn network_reason(&self, m: usize) -> Option<String> {
-        let g = &self.msgs[m];
-        for (k, id) in g.pkts.iter().enumerate() {
-            let f = self.ledger.pkts.get(id).copied().unwrap_or_default();
-            if f.handled != 1 {
-                return Some(format!(
-                    "packet {k} reached the receiver {} times",
-                    f.handled
-                ));
-            }
-        }
-        let log = &self.qps[g.to].log;
-        let at: Vec<usize> = (0..g.npkts)
-            .filter_map(|k| log.iter().position(|&(x, y, _)| x == m && y == k))
-            .collect();
-        let (lo, hi) = (at.iter().min()?, at.iter().max()?);
-        log[*lo..=*hi]
-            .iter()
-            .any(|&(_, _, late)| late)
-            .then(|| "a copy out of order came among its packets".into())
-    }
-
     fn finish(&mut self) {
-        self.check_step();
-        self.report.steps = self.w.stats.steps;
-        self.report.virtual_ns = self.w.now;
-        self.report.net = self.w.net.stats;
-        self.report.icrc_rejected = self.w.stats.icrc_rejected;
-        if !self.report.violations.is_empty() {
-            // Stopped at the first violation: the end-of-run accounting would only add noise.
+        if !finish_start(self) {
             return;
-        }
-        if self.w.net.in_flight() != 0 {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("{} packets still in flight", self.w.net.in_flight()),
-            );
         }
         let mut v = Vec::new();
         for q in &self.qps {
@@ -1159,6 +973,7 @@ pub fn run_uc_seed(seed: u64, max_steps: u64) -> UnrelReport {
 /// [`run_uc_seed`] with receive-posting options.
 pub fn run_uc_seed_with(seed: u64, max_steps: u64, opts: UcOptions) -> UnrelReport {
     let mut s = Sim::new(seed, opts);
-    s.run(max_steps);
+    let burst = 0.05 + s.rng.unit() * 0.4;
+    unrel::run(&mut s, max_steps, burst, 3);
     s.report
 }

@@ -37,17 +37,18 @@ use std::collections::{HashMap, VecDeque};
 
 use softrdma::mem::Access;
 use softrdma::rc::{
-    GRH_LEN, Mtu, PostError, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, UnrelCounters,
-    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    GRH_LEN, Mtu, PostError, QpCap, QpType, SendWr, Sge, UdDest, UnrelCounters, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };
-use softrdma::wire::{Opcode, Psn};
+use softrdma::wire::{HeaderRepr, Opcode, Psn};
 
 use super::unrel::{
-    Ledger, UnrelReport, add_unrel, check_counter_delta, check_grh, fault_desc, maybe_partition,
-    note, pick_faults, qp_name, udp_len, unrel_delta,
+    self, Ledger, Message, UnrelReport, Workload, add_unrel, check_counter_delta, check_grh,
+    complete_send, expected_recv, fault_desc, finish_start, maybe_partition, new_world, note,
+    qp_name, udp_len, unrel_delta, workload_state,
 };
 use crate::rng::Rng;
-use crate::world::{Fate, QpRef, TraceEvent, World};
+use crate::world::{Fate, QpRef, World};
 
 const ACCESS: Access = Access(Access::LOCAL_WRITE.0);
 const BASE: u64 = 0x2_0000;
@@ -147,11 +148,7 @@ struct Sim {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = Rng::new(seed);
-        let faults = pick_faults(&mut rng);
-        let mut w = World::new(rng.next_u64(), faults);
-        w.trace = Some(Vec::new());
-        w.net.log = Some(Vec::new());
+        let (mut rng, faults, mut w) = new_world(seed);
         let neps = rng.range(2, 4) as usize;
         let same_mtu = rng.chance(0.7);
         let mtu0 = Mtu::ALL[rng.below(5) as usize];
@@ -266,6 +263,68 @@ impl Sim {
         s
     }
 
+    fn pick_len(&mut self, mtu: u32) -> usize {
+        let r = &mut self.rng;
+        match r.below(100) {
+            0..8 => 0,
+            8..20 => r.range(1, 7) as usize,
+            20..65 => r.range(8, 256.min(u64::from(mtu))) as usize,
+            65..92 => r.range(8, u64::from(mtu)) as usize,
+            _ => mtu as usize,
+        }
+    }
+
+    /// A datagram longer than the port MTU is refused at posting.
+    fn post_too_long(&mut self, fi: usize) -> bool {
+        let (from, mtu) = (self.qps[fi].r, self.qps[fi].mtu);
+        let len = mtu as usize + self.rng.range(1, 64) as usize;
+        let key = self.w.eps[from.ep].mem.reg_mr(1, BASE, len, ACCESS);
+        let sge = [Sge {
+            addr: BASE,
+            length: len as u32,
+            lkey: key,
+        }];
+        let ud = self.w.ud_dest(from, from, self.qps[fi].qkey);
+        let wr = SendWr::new(u64::MAX, WrOpcode::Send).sg(&sge).ud(ud);
+        let got = self.w.qp(from).post_send(&wr);
+        self.w.eps[from.ep].mem.dereg(key);
+        let want = Err(PostError::MessageTooLong {
+            len: len as u64,
+            max: mtu,
+        });
+        if got != want {
+            note(
+                &mut self.report,
+                &self.w,
+                format!("a {len}-byte UD SEND on a port MTU of {mtu}: {got:?}, want {want:?}"),
+            );
+        }
+        self.report.refused_posts += 1;
+        true
+    }
+
+    /// What the rules say receiver `ri` does with datagram `d` now.
+    fn predict(&self, ri: usize, d: usize) -> Outcome {
+        let (q, g) = (&self.qps[ri], &self.dgrams[d]);
+        if g.len > q.mtu as usize {
+            return Outcome::Malformed;
+        }
+        if g.qkey != q.qkey {
+            return Outcome::Qkey;
+        }
+        let Some(&head) = self.queues[q.queue].fifo.front() else {
+            return Outcome::NoRecv;
+        };
+        if self.recvs[head].len < GRH_LEN + g.len {
+            return Outcome::Len;
+        }
+        Outcome::Deliver(head)
+    }
+}
+
+impl Workload for Sim {
+    workload_state!("datagram", dgrams);
+
     /// New receive-queue depths and posting rates: some queues run dry.
     fn repick_targets(&mut self) {
         for q in &mut self.queues {
@@ -300,20 +359,12 @@ impl Sim {
             let key = mem.reg_mr(1, BASE, len.max(1), ACCESS);
             mem.fill(key, 0, &vec![fill; len.max(1)]);
             let id = self.recvs.len();
-            let sge = [Sge {
-                addr: BASE,
-                length: len as u32,
-                lkey: key,
-            }];
-            let wr = RecvWr {
-                wr_id: id as u64,
-                sg_list: if len == 0 { &[] } else { &sge },
-            };
-            let posted = match (self.queues[qi].srq, self.queues[qi].qp) {
-                (Some(s), _) => self.w.eps[ep].srqs[s].post_recv(&wr),
-                (None, Some(r)) => self.w.qp(r).post_recv(&wr),
+            let (w, q) = (&mut self.w, &self.queues[qi]);
+            let posted = unrel::post_recv(id, (BASE, key, len), |wr| match (q.srq, q.qp) {
+                (Some(s), _) => w.eps[ep].srqs[s].post_recv(wr),
+                (None, Some(r)) => w.qp(r).post_recv(wr),
                 (None, None) => Err(PostError::QueueFull),
-            };
+            });
             if let Err(e) = posted {
                 note(
                     &mut self.report,
@@ -330,17 +381,6 @@ impl Sim {
                 done: false,
             });
             self.queues[qi].fifo.push_back(id);
-        }
-    }
-
-    fn pick_len(&mut self, mtu: u32) -> usize {
-        let r = &mut self.rng;
-        match r.below(100) {
-            0..8 => 0,
-            8..20 => r.range(1, 7) as usize,
-            20..65 => r.range(8, 256.min(u64::from(mtu))) as usize,
-            65..92 => r.range(8, u64::from(mtu)) as usize,
-            _ => mtu as usize,
         }
     }
 
@@ -401,37 +441,21 @@ impl Sim {
         let solicited = self.rng.chance(0.3);
         let signaled = self.rng.chance(0.8);
         let inline = len as u32 <= MAX_INLINE && self.rng.chance(0.25);
-        let mem = &self.w.eps[from.ep].mem;
-        let key = if inline {
-            0
-        } else {
-            let k = mem.reg_mr(1, BASE, len.max(1), ACCESS);
-            mem.fill(k, 0, &data);
-            k
-        };
-        let sge = [Sge {
-            addr: BASE,
-            length: len as u32,
-            lkey: key,
-        }];
-        let mut flags = SendFlags::NONE;
-        if signaled {
-            flags = flags | SendFlags::SIGNALED;
-        }
-        if solicited {
-            flags = flags | SendFlags::SOLICITED;
-        }
         let op = match imm {
             Some(imm) => WrOpcode::SendWithImm { imm },
             None => WrOpcode::Send,
         };
-        let mut wr = SendWr::new(id as u64, op).flags(flags).ud(ud);
-        wr = if inline {
-            wr.inline(&data)
-        } else {
-            wr.sg(&sge)
+        let m = Message {
+            id,
+            op,
+            data: &data,
+            inline,
+            signaled,
+            solicited,
+            ud: Some(ud),
         };
-        if let Err(e) = self.w.qp(from).post_send(&wr) {
+        let (key, posted) = unrel::post_send(&mut self.w, from, (BASE, ACCESS), m);
+        if let Err(e) = posted {
             note(
                 &mut self.report,
                 &self.w,
@@ -470,129 +494,8 @@ impl Sim {
         true
     }
 
-    /// A datagram longer than the port MTU is refused at posting.
-    fn post_too_long(&mut self, fi: usize) -> bool {
-        let (from, mtu) = (self.qps[fi].r, self.qps[fi].mtu);
-        let len = mtu as usize + self.rng.range(1, 64) as usize;
-        let key = self.w.eps[from.ep].mem.reg_mr(1, BASE, len, ACCESS);
-        let sge = [Sge {
-            addr: BASE,
-            length: len as u32,
-            lkey: key,
-        }];
-        let ud = self.w.ud_dest(from, from, self.qps[fi].qkey);
-        let wr = SendWr::new(u64::MAX, WrOpcode::Send).sg(&sge).ud(ud);
-        let got = self.w.qp(from).post_send(&wr);
-        self.w.eps[from.ep].mem.dereg(key);
-        let want = Err(PostError::MessageTooLong {
-            len: len as u64,
-            max: mtu,
-        });
-        if got != want {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("a {len}-byte UD SEND on a port MTU of {mtu}: {got:?}, want {want:?}"),
-            );
-        }
-        self.report.refused_posts += 1;
-        true
-    }
-
-    fn run(&mut self, max_steps: u64) {
-        let burst = 0.15 + self.rng.unit() * 0.5;
-        let mut idle = 0u32;
-        loop {
-            if self.to_post > 0 && self.rng.chance(burst) {
-                for _ in 0..self.rng.range(1, 4) {
-                    if self.to_post == 0 || !self.post_one() {
-                        break;
-                    }
-                }
-            }
-            if self.rng.chance(0.01) {
-                self.repick_targets();
-            }
-            self.post_recvs();
-            let busy = self.w.step();
-            self.check_step();
-            if !self.report.violations.is_empty() {
-                break;
-            }
-            if !busy {
-                if self.to_post == 0 {
-                    break;
-                }
-                // Nothing in flight: let time pass before the next datagrams.
-                self.w.now += self.rng.range(1_000, 20_000);
-                idle += 1;
-                if idle > 100_000 {
-                    note(&mut self.report, &self.w, "no progress".into());
-                    break;
-                }
-            }
-            if self.w.stats.steps >= max_steps {
-                note(
-                    &mut self.report,
-                    &self.w,
-                    format!("still busy after {max_steps} steps"),
-                );
-                break;
-            }
-        }
-        self.finish();
-    }
-
     fn check_step(&mut self) {
-        let trace = self
-            .w
-            .trace
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
-        for ev in trace {
-            match ev {
-                TraceEvent::Sent {
-                    id,
-                    from,
-                    to,
-                    hdr,
-                    payload_len,
-                } => self.on_sent(id, from, to, hdr, payload_len),
-                TraceEvent::Arrived {
-                    id,
-                    corrupted,
-                    fate,
-                    ..
-                } => self.on_arrived(id, corrupted, fate),
-            }
-        }
-        let log = self
-            .w
-            .net
-            .log
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
-        for e in log {
-            self.ledger.on_net(e);
-        }
-        while let Some(c) = self.w.completions.pop_front() {
-            if c.wc.is_recv() {
-                self.on_recv_wc(c.at, c.wc);
-            } else {
-                self.on_send_wc(c.at, c.wc);
-            }
-        }
-        self.settle_unsignaled();
-        for i in 0..self.w.eps.len() {
-            if let Err(e) = self.w.eps[i].mem.check_guards() {
-                note(&mut self.report, &self.w, e);
-            }
-        }
-        if let Some(e) = self.w.icrc_escape.take() {
-            note(&mut self.report, &self.w, e);
-        }
+        unrel::check_step(self);
         if self.w.stats.undirected > 0 {
             note(
                 &mut self.report,
@@ -611,7 +514,7 @@ impl Sim {
         id: Option<u64>,
         from: QpRef,
         to: Option<usize>,
-        hdr: Option<softrdma::wire::HeaderRepr>,
+        hdr: Option<HeaderRepr>,
         payload_len: usize,
     ) {
         let Some(fi) = self.qp_index(from) else {
@@ -670,25 +573,7 @@ impl Sim {
         }
     }
 
-    /// What the rules say receiver `ri` does with datagram `d` now.
-    fn predict(&self, ri: usize, d: usize) -> Outcome {
-        let (q, g) = (&self.qps[ri], &self.dgrams[d]);
-        if g.len > q.mtu as usize {
-            return Outcome::Malformed;
-        }
-        if g.qkey != q.qkey {
-            return Outcome::Qkey;
-        }
-        let Some(&head) = self.queues[q.queue].fifo.front() else {
-            return Outcome::NoRecv;
-        };
-        if self.recvs[head].len < GRH_LEN + g.len {
-            return Outcome::Len;
-        }
-        Outcome::Deliver(head)
-    }
-
-    fn on_arrived(&mut self, id: u64, corrupted: Option<bool>, fate: Fate) {
+    fn on_arrived(&mut self, id: u64, corrupted: Option<bool>, _late: bool, fate: Fate) {
         if let Err(e) = self.ledger.on_arrived(id, corrupted, &fate) {
             note(&mut self.report, &self.w, e);
         }
@@ -780,23 +665,7 @@ impl Sim {
     }
 
     fn on_recv_wc(&mut self, at: QpRef, wc: WorkCompletion) {
-        let Some(ri) = self.qp_index(at) else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("receive completion on {}: {wc:?}", qp_name(at)),
-            );
-            return;
-        };
-        let Some((d, rv)) = self.qps[ri].expect.pop_front() else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!(
-                    "receive completion on {} with no datagram delivered: {wc:?}",
-                    qp_name(at)
-                ),
-            );
+        let Some((ri, (d, rv))) = expected_recv(self, at, &wc, "datagram delivered") else {
             return;
         };
         let g = &self.dgrams[d];
@@ -872,37 +741,9 @@ impl Sim {
     }
 
     fn on_send_wc(&mut self, at: QpRef, wc: WorkCompletion) {
-        let Some(fi) = self.qp_index(at) else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("send completion on {}: {wc:?}", qp_name(at)),
-            );
+        let Some((fi, id)) = complete_send(self, at, &wc) else {
             return;
         };
-        let id = wc.wr_id as usize;
-        let Some(pos) = self.qps[fi].unretired.iter().position(|&x| x == id) else {
-            note(
-                &mut self.report,
-                &self.w,
-                format!(
-                    "completion for unknown or completed datagram {id} on {}: {wc:?}",
-                    qp_name(at)
-                ),
-            );
-            return;
-        };
-        let earlier: Vec<usize> = self.qps[fi].unretired.drain(..=pos).collect();
-        for &e in &earlier[..earlier.len() - 1] {
-            if self.dgrams[e].signaled {
-                note(
-                    &mut self.report,
-                    &self.w,
-                    format!("datagram {id} completed before signaled datagram {e}"),
-                );
-            }
-            self.retire(e);
-        }
         if wc.status != WcStatus::Success
             || wc.opcode != WcOpcode::Send
             || wc.qp_num != self.qps[fi].qpn
@@ -938,42 +779,9 @@ impl Sim {
         }
     }
 
-    fn settle_unsignaled(&mut self) {
-        for fi in 0..self.qps.len() {
-            if self.qps[fi].unretired.is_empty() || self.w.qp(self.qps[fi].r).send_queue_len() != 0
-            {
-                continue;
-            }
-            let ids: Vec<usize> = self.qps[fi].unretired.drain(..).collect();
-            for id in ids {
-                if self.dgrams[id].signaled {
-                    note(
-                        &mut self.report,
-                        &self.w,
-                        format!("signaled datagram {id} retired without a completion"),
-                    );
-                }
-                self.retire(id);
-            }
-        }
-    }
-
     fn finish(&mut self) {
-        self.check_step();
-        self.report.steps = self.w.stats.steps;
-        self.report.virtual_ns = self.w.now;
-        self.report.net = self.w.net.stats;
-        self.report.icrc_rejected = self.w.stats.icrc_rejected;
-        if !self.report.violations.is_empty() {
-            // Stopped at the first violation: the end-of-run accounting would only add noise.
+        if !finish_start(self) {
             return;
-        }
-        if self.w.net.in_flight() != 0 {
-            note(
-                &mut self.report,
-                &self.w,
-                format!("{} packets still in flight", self.w.net.in_flight()),
-            );
         }
         for q in &self.qps {
             if !q.unsent.is_empty() || !q.unretired.is_empty() {
@@ -1092,6 +900,7 @@ impl Sim {
 /// Run one UD seed with at most `max_steps` steps.
 pub fn run_ud_seed(seed: u64, max_steps: u64) -> UnrelReport {
     let mut s = Sim::new(seed);
-    s.run(max_steps);
+    let burst = 0.15 + s.rng.unit() * 0.5;
+    unrel::run(&mut s, max_steps, burst, 4);
     s.report
 }

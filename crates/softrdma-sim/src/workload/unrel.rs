@@ -1,15 +1,21 @@
-//! What the UD and UC workloads share: the seed's network, the report, and the ledger that
-//! follows every packet through the network (each copy accounted for once).
+//! What the UD and UC workloads share: the seed's network, the report, the ledger that
+//! follows every packet through the network (each copy accounted for once), the run loop,
+//! the checks of every step, and posting.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 
+use softrdma::mem::Access;
 use softrdma::rc::unreliable::grh_source;
-use softrdma::rc::{GRH_LEN, QpCounters, UnrelCounters};
+use softrdma::rc::{
+    GRH_LEN, PostError, QpCounters, RecvWr, SendFlags, SendWr, Sge, UdDest, UnrelCounters,
+    WorkCompletion, WrOpcode,
+};
+use softrdma::wire::HeaderRepr;
 
 use crate::net::{Faults, NetEvent, NetStats, Partition};
 use crate::rng::Rng;
-use crate::world::{Fate, QpRef, World};
+use crate::world::{Fate, QpRef, TraceEvent, World};
 
 /// What one UD or UC seed did.
 #[derive(Clone, Debug, Default)]
@@ -299,4 +305,388 @@ pub(super) fn udp_len(hdrs: usize, len: usize) -> usize {
 /// A printable name for a QP.
 pub(super) fn qp_name(r: QpRef) -> String {
     format!("ep{}/qp{}", r.ep, r.qp)
+}
+
+/// A new seed's randomness and its world, on the faults the seed picks (see [`pick_faults`]),
+/// tracing every packet and every network event.
+pub(super) fn new_world(seed: u64) -> (Rng, Faults, World) {
+    let mut rng = Rng::new(seed);
+    let faults = pick_faults(&mut rng);
+    let mut w = World::new(rng.next_u64(), faults);
+    w.trace = Some(Vec::new());
+    w.net.log = Some(Vec::new());
+    (rng, faults, w)
+}
+
+/// What the shared code of a workload works with: the seed's randomness, world, ledger and
+/// report, and how many messages are left to post.
+pub(super) struct Parts<'a> {
+    pub rng: &'a mut Rng,
+    pub w: &'a mut World,
+    pub ledger: &'a mut Ledger,
+    pub report: &'a mut UnrelReport,
+    pub to_post: usize,
+}
+
+/// A UD or UC workload, as the run loop, the step check and the send completions they share
+/// ([`run`], [`check_step`], [`complete_send`]) see it. Its QPs are numbered from 0.
+pub(super) trait Workload {
+    /// What its violations call a message: "message" (UC) or "datagram" (UD).
+    const UNIT: &'static str;
+    /// The seed's state.
+    fn parts(&mut self) -> Parts<'_>;
+    /// Post one message from a random QP (false when that QP's send queue is busy).
+    fn post_one(&mut self) -> bool;
+    /// New receive-queue depths and posting rates: some queues run dry.
+    fn repick_targets(&mut self);
+    /// Post receives to the queues that are below their depth, at their rates.
+    fn post_recvs(&mut self);
+    /// Check what a step did: [`check_step`], and the workload's own checks.
+    fn check_step(&mut self);
+    /// The end-of-run accounting (after [`finish_start`]).
+    fn finish(&mut self);
+    /// A packet sent (`TraceEvent::Sent`).
+    fn on_sent(
+        &mut self,
+        id: Option<u64>,
+        from: QpRef,
+        to: Option<usize>,
+        hdr: Option<HeaderRepr>,
+        payload_len: usize,
+    );
+    /// A copy of a packet that left the network (`TraceEvent::Arrived`).
+    fn on_arrived(&mut self, id: u64, corrupted: Option<bool>, late: bool, fate: Fate);
+    /// A receive completion.
+    fn on_recv_wc(&mut self, at: QpRef, wc: WorkCompletion);
+    /// A send completion (see [`complete_send`]).
+    fn on_send_wc(&mut self, at: QpRef, wc: WorkCompletion);
+    /// How many QPs the workload has.
+    fn qp_count(&self) -> usize;
+    /// The index of QP `r`, if it is the workload's.
+    fn qp_index(&self, r: QpRef) -> Option<usize>;
+    /// QP `i`.
+    fn qp_ref(&self, i: usize) -> QpRef;
+    /// The messages QP `i` posted whose send has not completed, in posting order.
+    fn unretired(&mut self, i: usize) -> &mut VecDeque<usize>;
+    /// The receive completions QP `i` is to see, in order: (message, receive).
+    fn expect(&mut self, i: usize) -> &mut VecDeque<(usize, usize)>;
+    /// Whether message `m` was posted signaled.
+    fn signaled(&self, m: usize) -> bool;
+    /// Message `m`'s send completed: give its send buffer back.
+    fn retire(&mut self, m: usize);
+}
+
+/// The state half of a [`Workload`] impl, for a `Sim` whose fields are `rng`, `w`, `ledger`,
+/// `report`, `to_post` (see [`Parts`]), `qps` (each QP with `r`, `unretired` and `expect`)
+/// and the messages `$msgs` (each with `signaled`); `$unit` is [`Workload::UNIT`].
+macro_rules! workload_state {
+    ($unit:literal, $msgs:ident) => {
+        const UNIT: &'static str = $unit;
+
+        fn parts(&mut self) -> $crate::workload::unrel::Parts<'_> {
+            $crate::workload::unrel::Parts {
+                rng: &mut self.rng,
+                w: &mut self.w,
+                ledger: &mut self.ledger,
+                report: &mut self.report,
+                to_post: self.to_post,
+            }
+        }
+
+        fn qp_count(&self) -> usize {
+            self.qps.len()
+        }
+
+        fn qp_ref(&self, i: usize) -> $crate::world::QpRef {
+            self.qps[i].r
+        }
+
+        fn unretired(&mut self, i: usize) -> &mut ::std::collections::VecDeque<usize> {
+            &mut self.qps[i].unretired
+        }
+
+        fn expect(&mut self, i: usize) -> &mut ::std::collections::VecDeque<(usize, usize)> {
+            &mut self.qps[i].expect
+        }
+
+        fn signaled(&self, m: usize) -> bool {
+            self.$msgs[m].signaled
+        }
+    };
+}
+pub(super) use workload_state;
+
+/// Run a seed for at most `max_steps` steps: messages are posted in bursts (a burst starts
+/// at a step with chance `burst` and posts `rng.range(1, most)` messages), receives as the
+/// queues take them, every step is checked, time passes when nothing is in flight; then
+/// [`Workload::finish`].
+pub(super) fn run<S: Workload>(s: &mut S, max_steps: u64, burst: f64, most: u64) {
+    let mut idle = 0u32;
+    loop {
+        let p = s.parts();
+        if p.to_post > 0 && p.rng.chance(burst) {
+            for _ in 0..s.parts().rng.range(1, most) {
+                if s.parts().to_post == 0 || !s.post_one() {
+                    break;
+                }
+            }
+        }
+        if s.parts().rng.chance(0.01) {
+            s.repick_targets();
+        }
+        s.post_recvs();
+        let busy = s.parts().w.step();
+        s.check_step();
+        let p = s.parts();
+        if !p.report.violations.is_empty() {
+            break;
+        }
+        if !busy {
+            if p.to_post == 0 {
+                break;
+            }
+            // Nothing in flight: let time pass before the next messages.
+            p.w.now += p.rng.range(1_000, 20_000);
+            idle += 1;
+            if idle > 100_000 {
+                note(p.report, p.w, "no progress".into());
+                break;
+            }
+        }
+        if p.w.stats.steps >= max_steps {
+            note(p.report, p.w, format!("still busy after {max_steps} steps"));
+            break;
+        }
+    }
+    s.finish();
+}
+
+/// The checks of a step every workload makes: each packet traced and each completion to the
+/// workload, each network event to the ledger, the sends the QPs finished without a
+/// completion retired ([`settle_unsignaled`]), the guard bytes, and no ICRC escape.
+pub(super) fn check_step<S: Workload>(s: &mut S) {
+    let p = s.parts();
+    let trace = p.w.trace.as_mut().map(std::mem::take).unwrap_or_default();
+    for ev in trace {
+        match ev {
+            TraceEvent::Sent {
+                id,
+                from,
+                to,
+                hdr,
+                payload_len,
+            } => s.on_sent(id, from, to, hdr, payload_len),
+            TraceEvent::Arrived {
+                id,
+                corrupted,
+                fate,
+                late,
+                ..
+            } => s.on_arrived(id, corrupted, late, fate),
+        }
+    }
+    let p = s.parts();
+    let log = p.w.net.log.as_mut().map(std::mem::take).unwrap_or_default();
+    for e in log {
+        p.ledger.on_net(e);
+    }
+    while let Some(c) = s.parts().w.completions.pop_front() {
+        if c.wc.is_recv() {
+            s.on_recv_wc(c.at, c.wc);
+        } else {
+            s.on_send_wc(c.at, c.wc);
+        }
+    }
+    settle_unsignaled(s);
+    let p = s.parts();
+    for i in 0..p.w.eps.len() {
+        if let Err(e) = p.w.eps[i].mem.check_guards() {
+            note(p.report, p.w, e);
+        }
+    }
+    if let Some(e) = p.w.icrc_escape.take() {
+        note(p.report, p.w, e);
+    }
+}
+
+/// Retire the messages of every QP whose send queue is empty: their sends completed without
+/// a completion, which only an unsignaled one may.
+fn settle_unsignaled<S: Workload>(s: &mut S) {
+    for fi in 0..s.qp_count() {
+        let r = s.qp_ref(fi);
+        if s.unretired(fi).is_empty() || s.parts().w.qp(r).send_queue_len() != 0 {
+            continue;
+        }
+        let ids: Vec<usize> = s.unretired(fi).drain(..).collect();
+        for id in ids {
+            if s.signaled(id) {
+                let p = s.parts();
+                let what = S::UNIT;
+                note(
+                    p.report,
+                    p.w,
+                    format!("signaled {what} {id} retired without a completion"),
+                );
+            }
+            s.retire(id);
+        }
+    }
+}
+
+/// A send completion on `at`: the messages posted before the one it names retire with it
+/// (they were unsignaled, or it is a violation). Returns the QP's index and the message
+/// named, which the caller checks and retires; `None` (noted) for a completion of no QP of
+/// the workload or of no message outstanding there.
+pub(super) fn complete_send<S: Workload>(
+    s: &mut S,
+    at: QpRef,
+    wc: &WorkCompletion,
+) -> Option<(usize, usize)> {
+    let what = S::UNIT;
+    let Some(fi) = s.qp_index(at) else {
+        let p = s.parts();
+        let e = format!("send completion on {}: {wc:?}", qp_name(at));
+        note(p.report, p.w, e);
+        return None;
+    };
+    let id = wc.wr_id as usize;
+    let Some(pos) = s.unretired(fi).iter().position(|&x| x == id) else {
+        let p = s.parts();
+        let e = format!(
+            "completion for unknown or completed {what} {id} on {}: {wc:?}",
+            qp_name(at)
+        );
+        note(p.report, p.w, e);
+        return None;
+    };
+    let earlier: Vec<usize> = s.unretired(fi).drain(..=pos).collect();
+    for &e in &earlier[..earlier.len() - 1] {
+        if s.signaled(e) {
+            let p = s.parts();
+            let m = format!("{what} {id} completed before signaled {what} {e}");
+            note(p.report, p.w, m);
+        }
+        s.retire(e);
+    }
+    Some((fi, id))
+}
+
+/// A receive completion on `at`: the QP's index and the (message, receive) it was predicted
+/// to be; `None` (noted) for one on no QP of the workload, or one that nothing received
+/// (`received` says what was not: "message received whole", "datagram delivered").
+pub(super) fn expected_recv<S: Workload>(
+    s: &mut S,
+    at: QpRef,
+    wc: &WorkCompletion,
+    received: &str,
+) -> Option<(usize, (usize, usize))> {
+    let Some(ri) = s.qp_index(at) else {
+        let p = s.parts();
+        let e = format!("receive completion on {}: {wc:?}", qp_name(at));
+        note(p.report, p.w, e);
+        return None;
+    };
+    let Some(x) = s.expect(ri).pop_front() else {
+        let p = s.parts();
+        let e = format!(
+            "receive completion on {} with no {received}: {wc:?}",
+            qp_name(at)
+        );
+        note(p.report, p.w, e);
+        return None;
+    };
+    Some((ri, x))
+}
+
+/// The start of the end-of-run accounting: a last step check, the run's figures into the
+/// report. False when a violation stopped the run (the accounting would only add noise);
+/// otherwise nothing may be left in flight.
+pub(super) fn finish_start<S: Workload>(s: &mut S) -> bool {
+    s.check_step();
+    let p = s.parts();
+    p.report.steps = p.w.stats.steps;
+    p.report.virtual_ns = p.w.now;
+    p.report.net = p.w.net.stats;
+    p.report.icrc_rejected = p.w.stats.icrc_rejected;
+    if !p.report.violations.is_empty() {
+        return false;
+    }
+    if p.w.net.in_flight() != 0 {
+        let e = format!("{} packets still in flight", p.w.net.in_flight());
+        note(p.report, p.w, e);
+    }
+    true
+}
+
+/// A message to post (see [`post_send`]).
+pub(super) struct Message<'a> {
+    /// Its `wr_id`.
+    pub id: usize,
+    pub op: WrOpcode,
+    pub data: &'a [u8],
+    pub inline: bool,
+    pub signaled: bool,
+    pub solicited: bool,
+    /// UD: where it goes.
+    pub ud: Option<UdDest>,
+}
+
+/// Post `m` on QP `from`: its data inline, or from a region at `base` registered for it with
+/// `access` and filled with it. Returns the region's key (0 for inline data) and what the
+/// post came to.
+pub(super) fn post_send(
+    w: &mut World,
+    from: QpRef,
+    (base, access): (u64, Access),
+    m: Message<'_>,
+) -> (u32, Result<(), PostError>) {
+    let len = m.data.len();
+    let mem = &w.eps[from.ep].mem;
+    let key = if m.inline {
+        0
+    } else {
+        let k = mem.reg_mr(1, base, len.max(1), access);
+        mem.fill(k, 0, m.data);
+        k
+    };
+    let sge = [Sge {
+        addr: base,
+        length: len as u32,
+        lkey: key,
+    }];
+    let mut flags = SendFlags::NONE;
+    if m.signaled {
+        flags = flags | SendFlags::SIGNALED;
+    }
+    if m.solicited {
+        flags = flags | SendFlags::SOLICITED;
+    }
+    let mut wr = SendWr::new(m.id as u64, m.op).flags(flags);
+    if let Some(ud) = m.ud {
+        wr = wr.ud(ud);
+    }
+    wr = if m.inline {
+        wr.inline(m.data)
+    } else {
+        wr.sg(&sge)
+    };
+    (key, w.qp(from).post_send(&wr))
+}
+
+/// Post receive `id`, `len` bytes at `base` in region `key` (no scatter entry when `len` is
+/// 0), with `post`.
+pub(super) fn post_recv(
+    id: usize,
+    (base, key, len): (u64, u32, usize),
+    post: impl FnOnce(&RecvWr<'_>) -> Result<(), PostError>,
+) -> Result<(), PostError> {
+    let sge = [Sge {
+        addr: base,
+        length: len as u32,
+        lkey: key,
+    }];
+    post(&RecvWr {
+        wr_id: id as u64,
+        sg_list: if len == 0 { &[] } else { &sge },
+    })
 }

@@ -62,24 +62,11 @@ impl SendSide {
             return ReqOutput::Packet(n);
         }
         loop {
-            if self.req_seq < self.sq.head {
-                self.req_seq = self.sq.head;
-                self.req_pkt = 0;
-            }
-            if self.req_seq >= self.sq.tail {
+            let Some(seq) = self.next_unfinished(sqd) else {
                 return ReqOutput::Idle;
-            }
-            let seq = self.req_seq;
+            };
             let w = self.sq.get(seq);
-            if w.done.is_some() {
-                self.req_seq += 1;
-                self.req_pkt = 0;
-                continue;
-            }
             if !w.psn_assigned {
-                if sqd {
-                    return ReqOutput::Idle;
-                }
                 // Counting the READs and atomics in flight walks every unacknowledged WQE
                 // (cold memory, and many of them once unsignaled messages are acknowledged
                 // lazily): only a fenced WQE or a READ/atomic needs the count.
@@ -175,6 +162,31 @@ pub(super) enum Start {
 }
 
 impl SendSide {
+    /// The WQE the requester works on next: `req_seq`, moved up to the SQ head and past
+    /// finished WQEs. `None` when the queue holds nothing more, or when that WQE is yet to
+    /// start and `sqd` (send queue drain) stops new ones. Shared by RC, UC and UD.
+    pub(super) fn next_unfinished(&mut self, sqd: bool) -> Option<u64> {
+        loop {
+            if self.req_seq < self.sq.head {
+                self.req_seq = self.sq.head;
+                self.req_pkt = 0;
+            }
+            if self.req_seq >= self.sq.tail {
+                return None;
+            }
+            let w = self.sq.get(self.req_seq);
+            if w.done.is_some() {
+                self.req_seq += 1;
+                self.req_pkt = 0;
+                continue;
+            }
+            if !w.psn_assigned && sqd {
+                return None;
+            }
+            return Some(self.req_seq);
+        }
+    }
+
     /// Start WQE `seq`: execute a local operation (LOCAL_INV, BIND_MW) in queue order, or
     /// check the local buffers and give the message its PSNs. A suspended local region makes
     /// the requester wait as for an RNR NAK and look again; a failure ends the WQE and halts

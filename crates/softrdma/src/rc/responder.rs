@@ -17,7 +17,7 @@ use super::read_history::ReadHistory;
 use super::rq::{RecvQueue, RecvWqe, Srq};
 use super::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mem::{Access, AccessCtx, AccessError, Invalidator, MemoryAccess};
-use crate::wire::{NakCode, OpKind, Packet, Position, Psn, Syndrome};
+use crate::wire::{NakCode, OpKind, Packet, Position, Psn, RethRepr, Syndrome};
 
 /// Credit count rxe puts in every ACK: "invalid", end-to-end credits not used.
 pub(super) const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
@@ -70,6 +70,21 @@ pub(super) enum InMsg {
         len: u32,
         offset: u32,
     },
+}
+
+impl InMsg {
+    /// The WRITE under way: its target address, R_Key and length, and the bytes placed.
+    pub(super) fn write(&self) -> Option<(u64, u32, u32, u32)> {
+        match *self {
+            InMsg::Write {
+                va,
+                rkey,
+                len,
+                offset,
+            } => Some((va, rkey, len, offset)),
+            _ => None,
+        }
+    }
 }
 
 /// Counters the responder keeps.
@@ -567,25 +582,16 @@ impl RecvSide {
         c: &mut RespCounters,
     ) -> RespOutcome {
         let psn = pkt.hdr.bth.psn;
-        let (va, rkey, len, offset) = match self.msg {
-            InMsg::Write {
-                va,
-                rkey,
-                len,
-                offset,
-            } => (va, rkey, len, offset),
-            _ => {
+        let (va, rkey, len, offset) = match self.msg.write() {
+            Some(w) => w,
+            None => {
                 let Some(reth) = pkt.hdr.reth else {
                     return self.nak(psn, NakCode::InvalidRequest, c);
                 };
                 if !self.access.contains(Access::REMOTE_WRITE) {
                     return self.nak(psn, NakCode::RemoteAccessError, c);
                 }
-                let bad_len = match pos {
-                    Position::Only => reth.dma_len as usize != pkt.payload.len(),
-                    _ => reth.dma_len <= self.mtu,
-                };
-                if bad_len {
+                if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
                     return self.nak(psn, NakCode::InvalidRequest, c);
                 }
                 // A lone packet carrying the whole message (and no immediate, which is checked
@@ -607,10 +613,9 @@ impl RecvSide {
                 (reth.va, reth.rkey, reth.dma_len, 0)
             }
         };
-        let end = offset as usize + pkt.payload.len();
-        if end > len as usize || (pos.ends() && end != len as usize) {
+        let Some(end) = write_end(offset, pkt.payload.len(), len, pos) else {
             return self.nak(psn, NakCode::InvalidRequest, c);
-        }
+        };
         let imm = pos.ends() && pkt.hdr.immdt.is_some();
         if imm && cq.len() >= cq_cap {
             return self.rnr(psn, c);
@@ -657,6 +662,24 @@ impl RecvSide {
         self.finish_packet(pkt);
         RespOutcome::Ok
     }
+}
+
+/// Whether the RETH of a WRITE's first or only packet fits the packet: an only packet
+/// carries the whole DMA length, a first packet announces more than one path MTU (`mtu`).
+/// Shared by RC and UC.
+pub(super) fn reth_len_fits(reth: &RethRepr, pos: Position, payload_len: usize, mtu: u32) -> bool {
+    match pos {
+        Position::Only => reth.dma_len as usize == payload_len,
+        _ => reth.dma_len > mtu,
+    }
+}
+
+/// Where the payload of a WRITE packet ends in its message of `len` bytes, `offset` of them
+/// placed before it: `None` when it runs past the message, or the message's last packet
+/// leaves it short. Shared by RC and UC.
+pub(super) fn write_end(offset: u32, payload_len: usize, len: u32, pos: Position) -> Option<usize> {
+    let end = offset as usize + payload_len;
+    (end <= len as usize && (!pos.ends() || end == len as usize)).then_some(end)
 }
 
 /// Place `data` into the receive buffers `sges` from message offset `offset` (the caller

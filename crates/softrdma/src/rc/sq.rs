@@ -291,7 +291,7 @@ impl SendSide {
         (self.req_seq.max(self.sq.head)..self.sq.tail)
             .map(|s| self.sq.get(s))
             .find(|w| w.done.is_none() && !w.op.is_local())
-            .and_then(|w| w.ud.map(|u| u.av))
+            .and_then(|w| w.ud.map(|u| u.av()))
     }
 
     /// True while sent packets wait for acknowledgement.

@@ -27,17 +27,46 @@ use std::net::IpAddr;
 
 use super::wr::{SendWr, WrOpcode};
 use super::{GRH_LEN, PostError, QpType};
-use crate::wire::{IcrcContext, IpHeader};
+use crate::wire::{IcrcContext, IcrcPrefix, IpHeader};
 
 /// A UD work request's destination (`ibv_send_wr.wr.ud`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UdDest {
-    /// The path: the address handle's IP/UDP context.
-    pub av: IcrcContext,
+    /// The path: the address handle's IP/UDP context, with the CRC of its covered headers
+    /// computed when the destination was made, not for every datagram sent by it. Private,
+    /// so that the two cannot disagree: the context is read back from the prefix.
+    icrc: IcrcPrefix,
     /// The destination QP (24 bits).
     pub remote_qpn: u32,
     /// The Q_Key to send with; with its high bit set, the QP's own Q_Key is sent instead.
     pub remote_qkey: u32,
+}
+
+impl UdDest {
+    /// QP `remote_qpn` with Q_Key `remote_qkey` by the path `av` (the CRC of its covered
+    /// headers is computed here, once).
+    pub fn new(av: IcrcContext, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest::by(IcrcPrefix::new(av), remote_qpn, remote_qkey)
+    }
+
+    /// [`UdDest::new`] by a path whose prefix is computed already (an address handle's).
+    pub fn by(icrc: IcrcPrefix, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest {
+            icrc,
+            remote_qpn,
+            remote_qkey,
+        }
+    }
+
+    /// The path: the address handle's IP/UDP context.
+    pub fn av(&self) -> IcrcContext {
+        *self.icrc.context()
+    }
+
+    /// The path with the CRC of its covered headers.
+    pub(super) fn icrc(&self) -> &IcrcPrefix {
+        &self.icrc
+    }
 }
 
 /// Where a received datagram came from, as its IP header said: what a UD receive's GRH area

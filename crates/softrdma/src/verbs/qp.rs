@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{Cq, Pd, Srq, VerbsError};
 use crate::net::{QpCell, QpGuard};
 use crate::rc::{self, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendWr, UdDest};
-use crate::wire::IcrcContext;
+use crate::wire::{IcrcContext, IcrcPrefix};
 
 /// What a QP is created with (`ibv_qp_init_attr`).
 #[derive(Clone, Debug)]
@@ -49,7 +49,9 @@ impl QpInitAttr {
 /// their destination with ([`Ah::dest`]). It holds its protection domain.
 #[derive(Clone, Debug)]
 pub struct Ah {
-    av: IcrcContext,
+    /// The address vector, with the CRC of its covered headers computed once for every
+    /// datagram sent by this handle.
+    icrc: IcrcPrefix,
     remote: SocketAddr,
     _pd: Pd,
 }
@@ -63,7 +65,7 @@ impl Ah {
         let mut av = e.path_to(remote, port);
         av.dst_port = port;
         Ah {
-            av,
+            icrc: IcrcPrefix::new(av),
             remote: SocketAddr::new(remote, port),
             _pd: pd.clone(),
         }
@@ -88,16 +90,12 @@ impl Ah {
     }
     /// The address vector.
     pub fn av(&self) -> IcrcContext {
-        self.av
+        *self.icrc.context()
     }
     /// A UD destination through this handle: QP `remote_qpn` with Q_Key `remote_qkey` (a
     /// Q_Key with the high bit set sends the QP's own).
     pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest {
-            av: self.av,
-            remote_qpn,
-            remote_qkey,
-        }
+        UdDest::by(self.icrc, remote_qpn, remote_qkey)
     }
 }
 

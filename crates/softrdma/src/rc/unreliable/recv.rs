@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use super::super::responder::{InMsg, RecvSide, RespOutcome, scatter};
+use super::super::responder::{InMsg, RecvSide, RespOutcome, reth_len_fits, scatter, write_end};
 use super::super::rq::Srq;
 use super::super::wr::{WcOpcode, WcStatus, WorkCompletion};
 use super::super::{GRH_LEN, QpType};
@@ -252,23 +252,14 @@ impl RecvSide {
     ) -> RespOutcome {
         let (actx, mem) = (env.actx, env.mem);
         let c = &mut *env.counters;
-        let (va, rkey, len, offset) = match self.msg {
-            InMsg::Write {
-                va,
-                rkey,
-                len,
-                offset,
-            } => (va, rkey, len, offset),
-            _ => {
+        let (va, rkey, len, offset) = match self.msg.write() {
+            Some(w) => w,
+            None => {
                 let Some(reth) = pkt.hdr.reth else {
                     c.malformed += 1;
                     return self.uc_drop_message(env.srq.as_deref_mut());
                 };
-                let bad_len = match pos {
-                    Position::Only => reth.dma_len as usize != pkt.payload.len(),
-                    _ => reth.dma_len <= self.mtu,
-                };
-                if bad_len {
+                if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
                     c.malformed += 1;
                     return self.uc_drop_message(env.srq.as_deref_mut());
                 }
@@ -290,11 +281,10 @@ impl RecvSide {
                 (reth.va, reth.rkey, reth.dma_len, 0)
             }
         };
-        let end = offset as usize + pkt.payload.len();
-        if end > len as usize || (pos.ends() && end != len as usize) {
+        let Some(end) = write_end(offset, pkt.payload.len(), len, pos) else {
             c.malformed += 1;
             return self.uc_drop_message(env.srq.as_deref_mut());
-        }
+        };
         if !pkt.payload.is_empty()
             && let Err(e) = mem.write(
                 actx,

@@ -57,24 +57,10 @@ impl SendSide {
             return ReqOutput::Idle;
         }
         loop {
-            if self.req_seq < self.sq.head {
-                self.req_seq = self.sq.head;
-                self.req_pkt = 0;
-            }
-            if self.req_seq >= self.sq.tail {
+            let Some(seq) = self.next_unfinished(sqd) else {
                 return ReqOutput::Idle;
-            }
-            let seq = self.req_seq;
-            let w = self.sq.get(seq);
-            if w.done.is_some() {
-                self.req_seq += 1;
-                self.req_pkt = 0;
-                continue;
-            }
-            if !w.psn_assigned {
-                if sqd {
-                    return ReqOutput::Idle;
-                }
+            };
+            if !self.sq.get(seq).psn_assigned {
                 match self.start_wqe(seq, now, actx, mem) {
                     Start::Started => {}
                     Start::Next => continue,
@@ -177,7 +163,7 @@ fn build_ud(
     out: (&mut [u8], Option<&mut Gather>),
 ) -> Result<usize, LocalErr> {
     let (actx, mem, qp_qkey) = (env.actx, env.mem, env.qkey);
-    let icrc = &IcrcPrefix::new(d.av);
+    let icrc = d.icrc();
     let (opcode, imm) = match w.op {
         WrOpcode::Send => (Opcode::UD_SEND_ONLY, None),
         WrOpcode::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_IMM, Some(imm)),
