@@ -182,6 +182,9 @@ exports! {
         softrdma_query_counters = sdv::softrdma_query_counters,
         softrdma_query_qp_counters = sdv::softrdma_query_qp_counters,
     ],
+    "SOFTRDMA_PRIVATE_RDMACM" => [
+        softrdma_rdmacm_ops = crate::rdmacm::ops::softrdma_rdmacm_ops,
+    ],
 }
 
 compat_exports! {

@@ -40,6 +40,7 @@ pub mod post;
 pub mod qp;
 pub mod query;
 pub mod rate;
+pub mod rdmacm;
 pub mod registry;
 pub mod sdv;
 pub mod srq;

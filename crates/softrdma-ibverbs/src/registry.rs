@@ -32,6 +32,10 @@ pub enum Kind {
     Ah,
     /// An `ibv_dm` (device memory).
     Dm,
+    /// An `rdma_cm_id` (librdmacm).
+    CmId,
+    /// An `rdma_event_channel` (librdmacm).
+    CmChannel,
 }
 
 static LIVE: LazyLock<Mutex<HashMap<usize, Kind>>> = LazyLock::new(Default::default);

@@ -98,7 +98,16 @@ struct Shared {
     requests: HashMap<u16, VecDeque<(ConnId, IpAddr, Box<PeerParams>)>>,
     /// Send slots free.
     free_sends: Vec<u64>,
+    /// Where events of the low-level interface go (see [`ConnectionManager::set_hook`]).
+    hook: Option<CmHook>,
+    /// Services listened on through the low-level interface.
+    raw_services: std::collections::HashSet<u64>,
 }
+
+/// Receives the events of connections made through the low-level interface
+/// ([`ConnectionManager::raw`]); called from the connection manager's thread (or the
+/// caller's) with the manager's lock held, so it must not call back into the manager.
+pub type CmHook = Box<dyn Fn(CmEvent) + Send>;
 
 struct Inner {
     dev: Device,
@@ -203,6 +212,8 @@ impl ConnectionManager {
                 events: HashMap::new(),
                 requests: HashMap::new(),
                 free_sends: (0..SEND_SLOTS).collect(),
+                hook: None,
+                raw_services: std::collections::HashSet::new(),
             }),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -321,6 +332,90 @@ impl ConnectionManager {
             }
             e => Err(conn.fail(e)),
         }
+    }
+}
+
+/// The low-level interface of a [`ConnectionManager`] (what a C `librdmacm` is built on):
+/// the agent's own calls, with events delivered to the hook instead of waited for.
+#[derive(Debug)]
+pub struct RawCm<'a> {
+    cm: &'a ConnectionManager,
+}
+
+impl ConnectionManager {
+    /// Where the events of connections made through [`ConnectionManager::raw`] go.
+    pub fn set_hook(&self, hook: Option<CmHook>) {
+        lock(&self.inner.shared).hook = hook;
+    }
+
+    /// The low-level interface.
+    pub fn raw(&self) -> RawCm<'_> {
+        RawCm { cm: self }
+    }
+
+    /// The device's address, GID and active MTU, for building REQs.
+    pub fn path_to(&self, dst: IpAddr) -> CmPath {
+        CmPath {
+            local_lid: 0xffff,
+            remote_lid: 0xffff,
+            local_gid: gid_of(self.inner.dev.addr()),
+            remote_gid: gid_of(dst),
+            hop_limit: 64,
+            local_ack_timeout: 14,
+            ..CmPath::default()
+        }
+    }
+}
+
+impl RawCm<'_> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Agent, u64) -> Result<T, crate::cm::Error>,
+    ) -> Result<T, CmError> {
+        let inner = &self.cm.inner;
+        let mut s = lock(&inner.shared);
+        let now = inner.now();
+        let r = f(&mut s.agent, now);
+        inner.flush(&mut s);
+        Ok(r?)
+    }
+
+    /// Listen on a service ID; its requests go to the hook.
+    pub fn listen(&self, service_id: u64) -> Result<(), CmError> {
+        self.with(|a, _| a.listen(service_id))?;
+        lock(&self.cm.inner.shared).raw_services.insert(service_id);
+        Ok(())
+    }
+
+    /// Stop listening on a service ID.
+    pub fn unlisten(&self, service_id: u64) -> Result<(), CmError> {
+        lock(&self.cm.inner.shared).raw_services.remove(&service_id);
+        self.with(|a, _| a.unlisten(service_id))
+    }
+
+    /// Send a REQ.
+    pub fn connect(&self, p: ConnectParams) -> Result<ConnId, CmError> {
+        self.with(|a, now| a.connect(now, p))
+    }
+
+    /// Send the REP of a request.
+    pub fn accept(&self, id: ConnId, p: AcceptParams) -> Result<(), CmError> {
+        self.with(|a, now| a.accept(now, id, p))
+    }
+
+    /// Reject a request.
+    pub fn reject(&self, id: ConnId, private_data: &[u8]) -> Result<(), CmError> {
+        self.with(|a, _| a.reject(id, private_data))
+    }
+
+    /// Send a DREQ.
+    pub fn disconnect(&self, id: ConnId, private_data: &[u8]) -> Result<(), CmError> {
+        self.with(|a, now| a.disconnect(now, id, private_data))
+    }
+
+    /// Forget a connection (telling the peer as `cm::Agent::destroy` does).
+    pub fn destroy(&self, id: ConnId) -> Result<(), CmError> {
+        self.with(|a, _| a.destroy(id))
     }
 }
 
@@ -621,6 +716,12 @@ impl Inner {
             woke = true;
             match e {
                 CmEvent::ConnectRequest { conn, peer, params } => {
+                    if s.raw_services.contains(&params.service_id)
+                        && let Some(h) = &s.hook
+                    {
+                        h(CmEvent::ConnectRequest { conn, peer, params });
+                        continue;
+                    }
                     let port = PortSpace::of_service_id(params.service_id).map(|(_, p)| p);
                     match port.and_then(|p| s.requests.get_mut(&p)) {
                         Some(q) => q.push_back((conn, peer, params)),
@@ -640,6 +741,8 @@ impl Inner {
                     };
                     if let Some(q) = s.events.get_mut(&id) {
                         q.push_back(e);
+                    } else if let Some(h) = &s.hook {
+                        h(e);
                     }
                 }
             }

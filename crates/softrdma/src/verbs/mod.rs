@@ -29,7 +29,9 @@ mod srq;
 
 pub mod connect;
 
-pub use cm::{CmError, ConnParam, ConnRequest, Connection, ConnectionManager, Listener};
+pub use cm::{
+    CmError, CmHook, ConnParam, ConnRequest, Connection, ConnectionManager, Listener, RawCm,
+};
 pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
 pub use error::VerbsError;
