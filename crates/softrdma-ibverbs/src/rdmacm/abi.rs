@@ -163,6 +163,15 @@ pub struct rdma_addrinfo {
     pub ai_next: *mut rdma_addrinfo,
 }
 
+/// The leading fields of `struct ibv_qp_init_attr_ex` (`<infiniband/verbs.h>`), up to `pd`:
+/// what `rdma_create_qp_ex` reads.
+#[repr(C)]
+pub struct ibv_qp_init_attr_ex_prefix {
+    pub base: crate::abi::ibv_qp_init_attr,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+}
+
 /// `enum rdma_cm_event_type`.
 pub mod event {
     use core::ffi::c_int;

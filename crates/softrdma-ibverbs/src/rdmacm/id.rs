@@ -432,6 +432,10 @@ pub(crate) unsafe extern "C" fn create_qp(
 
 fn make_qp(id: &mut Id, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<(), c_int> {
     let ctx = id.id.verbs;
+    // The id's QP type when the attributes name none (rdma_create_ep's callers leave it 0).
+    if a.qp_type == 0 {
+        a.qp_type = id.id.qp_type;
+    }
     let mut own = false;
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         // SAFETY: our context.
@@ -492,21 +496,13 @@ fn make_qp(id: &mut Id, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<(),
     Ok(())
 }
 
-/// The leading fields of `struct ibv_qp_init_attr_ex`, up to `pd`.
-#[repr(C)]
-struct QpInitAttrEx {
-    base: ibv_qp_init_attr,
-    comp_mask: u32,
-    pd: *mut ibv_pd,
-}
-
 /// `rdma_create_qp_ex`: as `rdma_create_qp`, the PD taken from the attributes.
 pub(crate) unsafe extern "C" fn create_qp_ex(p: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
     if attr.is_null() {
         crate::errno::set_errno(libc::EINVAL);
         return -1;
     }
-    let a = attr.cast::<QpInitAttrEx>();
+    let a = attr.cast::<ibv_qp_init_attr_ex_prefix>();
     // SAFETY: an ibv_qp_init_attr_ex starts with these fields (checked in the layout test).
     let (pd, mask) = unsafe { ((*a).pd, (*a).comp_mask) };
     let pd = if mask & 1 != 0 { pd } else { null_mut() };
@@ -657,8 +653,12 @@ pub(crate) unsafe extern "C" fn listen(p: *mut rdma_cm_id, _backlog: c_int) -> c
                 id.id.pd = pd;
                 id.id.port_num = 1;
             }
-            cm.raw().listen(sid).map_err(|_| libc::EADDRINUSE)?;
+            // Registered first: a REQ held for the port comes out of the CM's listen.
             global().listeners.insert((d.index, sid), p as usize);
+            if cm.raw().listen(sid).is_err() {
+                global().listeners.remove(&(d.index, sid));
+                return Err(libc::EADDRINUSE);
+            }
         }
         id.st().listen_sid = Some(sid);
         Ok(())

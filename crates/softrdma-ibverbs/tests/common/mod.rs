@@ -43,6 +43,8 @@ pub fn tool(name: &str) -> PathBuf {
         n if n.starts_with("ibv_") => "ibverbs-utils",
         n if n.starts_with("ib_") => "perftest (with libpci3 and libibumad3)",
         "readelf" => "binutils",
+        "rping" | "ucmatose" | "rdma_server" | "rdma_client" => "rdmacm-utils",
+        "qperf" => "qperf",
         _ => "?",
     };
     assert!(

@@ -64,6 +64,9 @@ struct Conn {
     deadline: Option<u64>,
 }
 
+/// REQs held for a listener at most (more are rejected at once).
+const MAX_HELD: usize = 1024;
+
 /// The CM of one device.
 #[derive(Debug)]
 pub struct Agent {
@@ -73,6 +76,8 @@ pub struct Agent {
     /// Passive connections by (peer, its communication ID, its CA GUID): duplicate REQs.
     by_remote: HashMap<(IpAddr, u32, u64), ConnId>,
     listeners: HashSet<u64>,
+    /// REQs for services nobody listens on yet, with when they are rejected.
+    held: Vec<(u64, IpAddr, u64, Req)>,
     /// (deadline, connection) of every connection with a deadline.
     timers: BTreeSet<(u64, ConnId)>,
     tx: VecDeque<CmTransmit>,
@@ -95,6 +100,7 @@ impl Agent {
             conns: BTreeMap::new(),
             by_remote: HashMap::new(),
             listeners: HashSet::new(),
+            held: Vec::new(),
             timers: BTreeSet::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
@@ -147,6 +153,14 @@ impl Agent {
         if !self.listeners.insert(service_id) {
             return Err(Error::ServiceInUse);
         }
+        // REQs that came early, in the order they came.
+        let (mine, rest) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.3.service_id == service_id);
+        self.held = rest;
+        for (_, from, tid, req) in mine {
+            self.on_req(0, from, tid, req);
+        }
         Ok(())
     }
 
@@ -170,7 +184,11 @@ impl Agent {
 
     /// When `handle_timeout` has something to do next.
     pub fn next_timeout(&self) -> Option<u64> {
-        self.timers.first().map(|&(t, _)| t)
+        let held = self.held.iter().map(|h| h.0).min();
+        match (self.timers.first().map(|&(t, _)| t), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn send(&mut self, dst: IpAddr, tid: u64, msg: CmMessage) {
@@ -435,12 +453,12 @@ impl Agent {
             return;
         };
         match mad.msg {
-            CmMessage::Req(req) => self.on_req(from, mad.tid, *req),
+            CmMessage::Req(req) => self.on_req(now, from, mad.tid, *req),
             msg => self.on_reply(now, from, mad.tid, msg),
         }
     }
 
-    fn on_req(&mut self, from: IpAddr, tid: u64, req: Req) {
+    fn on_req(&mut self, now: u64, from: IpAddr, tid: u64, req: Req) {
         if let Some(&id) = self
             .by_remote
             .get(&(from, req.local_comm_id, req.local_ca_guid))
@@ -474,6 +492,17 @@ impl Agent {
         }
         let refuse = |reason| rej(0, req.local_comm_id, MsgRef::Req, reason, Vec::new());
         if !self.listeners.contains(&req.service_id) {
+            let dup =
+                |h: &(u64, IpAddr, u64, Req)| h.1 == from && h.3.local_comm_id == req.local_comm_id;
+            if self.held.iter().any(dup) {
+                self.counters.duplicates += 1;
+                return;
+            }
+            if self.cfg.listen_grace_ns > 0 && self.held.len() < MAX_HELD {
+                let until = now.saturating_add(self.cfg.listen_grace_ns);
+                self.held.push((until, from, tid, req));
+                return;
+            }
             self.counters.no_listener += 1;
             self.send(from, tid, refuse(rej_reason::INVALID_SERVICE_ID));
             return;
@@ -723,6 +752,21 @@ impl Agent {
     /// Let time pass: send again what is unanswered, give up on what ran out of retries,
     /// end time-waits.
     pub fn handle_timeout(&mut self, now: u64) {
+        let (due, keep) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.0 <= now);
+        self.held = keep;
+        for (_, from, tid, req) in due {
+            self.counters.no_listener += 1;
+            let m = rej(
+                0,
+                req.local_comm_id,
+                MsgRef::Req,
+                rej_reason::INVALID_SERVICE_ID,
+                Vec::new(),
+            );
+            self.send(from, tid, m);
+        }
         while let Some(&(t, id)) = self.timers.first() {
             if t > now {
                 break;

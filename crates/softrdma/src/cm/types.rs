@@ -16,7 +16,7 @@ pub struct AgentConfig {
     /// The device's CA GUID, sent in REQ and REP.
     pub ca_guid: u64,
     /// The CM response timeout this side advertises and waits for answers with
-    /// (4.096 µs × 2^n; 18 is about 1.07 s).
+    /// (4.096 µs × 2^n; 16, the default, is about 268 ms).
     pub response_timeout: u8,
     /// How often REQ, REP and DREQ are sent again before giving up (at most 15).
     pub max_retries: u8,
@@ -26,17 +26,23 @@ pub struct AgentConfig {
     pub mra_service_timeout: u8,
     /// Connections at most (a REQ beyond draws REJ "no resources").
     pub max_conns: usize,
+    /// How long a REQ for a service nobody listens on is held before it is rejected
+    /// (invalid service ID): a listen within that time takes it. 0 rejects at once, as Linux
+    /// does; the device uses 200 ms, because a peer may connect again the moment a
+    /// previous connection's handshake ends, before the application listens again.
+    pub listen_grace_ns: u64,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
             ca_guid: 0,
-            response_timeout: 18,
+            response_timeout: 16,
             max_retries: 15,
             timewait_ns: 1_000_000_000,
             mra_service_timeout: 22,
             max_conns: 65_536,
+            listen_grace_ns: 0,
         }
     }
 }

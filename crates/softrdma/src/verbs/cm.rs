@@ -194,6 +194,7 @@ impl ConnectionManager {
         let agent = Agent::new(
             AgentConfig {
                 ca_guid,
+                listen_grace_ns: 200_000_000,
                 ..AgentConfig::default()
             },
             seed(),
@@ -244,6 +245,8 @@ impl ConnectionManager {
         let mut s = lock(&self.inner.shared);
         s.agent.listen(PortSpace::Tcp.service_id(port))?;
         s.requests.insert(port, VecDeque::new());
+        // REQs held for the port come out of the listen.
+        self.inner.flush(&mut s);
         Ok(Listener { cm: self, port })
     }
 
@@ -382,9 +385,13 @@ impl RawCm<'_> {
 
     /// Listen on a service ID; its requests go to the hook.
     pub fn listen(&self, service_id: u64) -> Result<(), CmError> {
-        self.with(|a, _| a.listen(service_id))?;
-        lock(&self.cm.inner.shared).raw_services.insert(service_id);
-        Ok(())
+        // Marked first: REQs held for this service come out of the listen itself.
+        let fresh = lock(&self.cm.inner.shared).raw_services.insert(service_id);
+        let r = self.with(|a, _| a.listen(service_id));
+        if r.is_err() && fresh {
+            lock(&self.cm.inner.shared).raw_services.remove(&service_id);
+        }
+        r
     }
 
     /// Stop listening on a service ID.

@@ -571,3 +571,39 @@ fn requests_in_the_wrong_state_are_refused() {
     n.a.destroy(id).unwrap();
     assert_eq!(n.a.destroy(id), Err(Error::UnknownConn));
 }
+
+#[test]
+fn a_req_just_before_the_listen_waits_for_it_and_a_late_one_is_rejected() {
+    let grace = AgentConfig {
+        listen_grace_ns: 10_000_000,
+        ..cfg(0xb)
+    };
+    let mut n = Net::new(|_, _| Fate::Deliver);
+    n.b = Agent::new(grace, 3);
+    n.a.connect(n.now, connect_params(1)).unwrap();
+    n.pump();
+    assert!(
+        n.b_events.is_empty() && n.a_events.is_empty(),
+        "held, not rejected"
+    );
+    n.now += 5_000_000;
+    n.b.handle_timeout(n.now);
+    n.b.listen(SID).unwrap();
+    n.run(1_000_000_000);
+    assert_eq!(kinds(&n.a_events), ["established"]);
+    assert_eq!(n.b.counters().no_listener, 0);
+
+    // Nobody listens within the grace: REJ, invalid service ID.
+    let mut n = Net::new(|_, _| Fate::Deliver);
+    n.b = Agent::new(grace, 4);
+    n.a.connect(n.now, connect_params(1)).unwrap();
+    n.run(1_000_000_000);
+    assert!(matches!(
+        n.a_events[..],
+        [CmEvent::Rejected {
+            reason: rej_reason::INVALID_SERVICE_ID,
+            ..
+        }]
+    ));
+    assert_eq!((n.b.counters().no_listener, n.b.conn_count()), (1, 0));
+}

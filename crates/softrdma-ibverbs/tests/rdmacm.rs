@@ -1,0 +1,315 @@
+//! The drop-in `librdmacm.so.1`: its layouts against Debian's `rdma/rdma_cma.h`, its symbol
+//! set against Debian's library, and Debian's unmodified rdma_cm programs between two
+//! softrdma processes on loopback (rping, ucmatose, rdma_server/rdma_client, perftest with
+//! `-R`, qperf with `-cm1`).
+
+mod common;
+
+use std::fmt::Write as _;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_clean_exit, lib_dir, on_softrdma, wait_bounded};
+
+const HEADER: &str = "/usr/include/rdma/rdma_cma.h";
+const DEBIAN_LIB: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+
+#[test]
+fn layouts_match_rdma_cma_h() {
+    assert!(
+        std::path::Path::new(HEADER).exists(),
+        "{HEADER} is missing: install the Debian package librdmacm-dev"
+    );
+    let rows = ibverbs::rdmacm::abi::layout();
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
+    );
+    for (name, _) in &rows {
+        if let Some(t) = name.strip_prefix("sizeof ") {
+            writeln!(c, "  printf(\"%zu\\n\", sizeof(struct {t}));").unwrap();
+        } else {
+            let (t, f) = name.split_once('.').unwrap();
+            writeln!(c, "  printf(\"%zu\\n\", offsetof(struct {t}, {f}));").unwrap();
+        }
+    }
+    c.push_str("  return 0;\n}\n");
+    let dir = std::env::temp_dir().join(format!("softrdma-cmlayout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, exe) = (dir.join("probe.c"), dir.join("probe"));
+    std::fs::write(&src, c).unwrap();
+    let out = Command::new("cc")
+        .args(["-std=gnu11", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("cc (install the Debian package gcc)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(Command::new(&exe).output().unwrap().stdout).unwrap();
+    let diffs: Vec<String> = rows
+        .iter()
+        .zip(text.lines())
+        .filter(|((_, rust), c)| c.parse::<usize>().ok() != Some(*rust))
+        .map(|((n, rust), c)| format!("{n}: C {c}, Rust {rust}"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        diffs.is_empty(),
+        "layout differences:\n{}",
+        diffs.join("\n")
+    );
+}
+
+/// Every (symbol, version) a library defines in the RDMACM nodes, from `objdump -T`.
+fn rdmacm_symbols(lib: &std::path::Path) -> std::collections::BTreeSet<(String, String)> {
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump (install the Debian package binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("RDMACM_") && !l.contains("*UND*"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ver, name) = (f[f.len() - 2], f[f.len() - 1]);
+            (ver.starts_with("RDMACM_") && name != ver).then(|| (name.to_string(), ver.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_symbol_and_version_of_debians_librdmacm() {
+    assert!(
+        std::path::Path::new(DEBIAN_LIB).exists(),
+        "{DEBIAN_LIB} is missing: install the Debian package librdmacm1"
+    );
+    let theirs = rdmacm_symbols(std::path::Path::new(DEBIAN_LIB));
+    let ours = rdmacm_symbols(&lib_dir().join("librdmacm.so.1"));
+    assert!(theirs.len() > 60, "{theirs:?}");
+    let missing: Vec<_> = theirs.difference(&ours).collect();
+    let extra: Vec<_> = ours.difference(&theirs).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing {missing:?}\nextra {extra:?}"
+    );
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Run `tool` as server on `server_ip` and as client on `client_ip` (the client retried while
+/// the server's connection manager is not yet up: its REQ is rejected); both must exit 0.
+/// Returns (server output, client output).
+fn server_client(
+    tool: &str,
+    (server_ip, client_ip): (&str, &str),
+    server_args: &[&str],
+    client_args: &[&str],
+) -> (String, String) {
+    let spawn = |ip: &str, args: &[&str]| {
+        let mut c = on_softrdma(tool, &format!("softrdma0={ip}"));
+        c.env("SOFTRDMA_PIN", "on-demand")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let server = spawn(server_ip, server_args);
+    let start = Instant::now();
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let c = wait_bounded(spawn(client_ip, client_args), Duration::from_secs(60));
+        let t = text(&c);
+        let refused = t.contains("REJECTED") || t.contains("refused") || t.contains("error: 8");
+        if c.status.success() || !refused || start.elapsed() > Duration::from_secs(15) {
+            break c;
+        }
+    };
+    let server = wait_bounded(server, Duration::from_secs(20));
+    let what = format!("{tool} {}", client_args.join(" "));
+    assert_clean_exit(&format!("{what} (client)"), &client);
+    assert_clean_exit(&format!("{what} (server)"), &server);
+    assert!(
+        client.status.success() && server.status.success(),
+        "{what}: client {:?}\n{}\nserver {:?}\n{}",
+        client.status,
+        text(&client),
+        server.status,
+        text(&server)
+    );
+    (text(&server), text(&client))
+}
+
+#[test]
+fn rping_checks_its_data() {
+    let (s, c) = server_client(
+        "rping",
+        ("127.0.4.2", "127.0.4.1"),
+        &["-s", "-a", "127.0.4.2", "-p", "7174", "-v", "-C", "100"],
+        &["-c", "-a", "127.0.4.2", "-p", "7174", "-v", "-C", "100"],
+    );
+    assert_eq!(c.matches("ping data: rdma-ping-").count(), 100, "{c}");
+    assert_eq!(
+        s.matches("server ping data: rdma-ping-").count(),
+        100,
+        "{s}"
+    );
+    assert!(c.contains("rdma-ping-99: "), "{c}");
+}
+
+#[test]
+fn ucmatose_with_several_connections() {
+    let (s, c) = server_client(
+        "ucmatose",
+        ("127.0.4.12", "127.0.4.11"),
+        &["-p", "7300", "-c", "4", "-C", "20"],
+        &["-s", "127.0.4.12", "-p", "7300", "-c", "4", "-C", "20"],
+    );
+    assert!(
+        c.contains("data transfers complete") && c.contains("return status 0"),
+        "{c}"
+    );
+    assert!(
+        s.contains("disconnected") && s.contains("return status 0"),
+        "{s}"
+    );
+}
+
+#[test]
+fn rdma_server_and_rdma_client() {
+    let spawn = |tool: &str, ip: &str, args: &[&str]| {
+        let mut c = on_softrdma(tool, &format!("softrdma0={ip}"));
+        c.env("SOFTRDMA_PIN", "on-demand")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let server = spawn("rdma_server", "127.0.4.24", &["-p", "7401"]);
+    let start = Instant::now();
+    let client = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let c = wait_bounded(
+            spawn(
+                "rdma_client",
+                "127.0.4.23",
+                &["-s", "127.0.4.24", "-p", "7401"],
+            ),
+            Duration::from_secs(30),
+        );
+        if c.status.success() || start.elapsed() > Duration::from_secs(15) {
+            break c;
+        }
+    };
+    let server = wait_bounded(server, Duration::from_secs(20));
+    assert!(
+        client.status.success() && text(&client).contains("end 0"),
+        "{}",
+        text(&client)
+    );
+    assert!(
+        server.status.success() && text(&server).contains("end 0"),
+        "{}",
+        text(&server)
+    );
+}
+
+#[test]
+fn perftest_over_rdma_cm() {
+    let runs: &[(&str, &str)] = &[
+        ("ib_write_bw", "BW average"),
+        ("ib_read_bw", "BW average"),
+        ("ib_send_lat", "t_typical"),
+    ];
+    for (i, (tool, header)) in runs.iter().enumerate() {
+        let port = (18700 + i).to_string();
+        let args = ["-R", "-p", &port, "-n", "200"];
+        let mut client_args = args.to_vec();
+        client_args.push("127.0.4.32");
+        let (_, c) = server_client(tool, ("127.0.4.32", "127.0.4.31"), &args, &client_args);
+        let row = c
+            .lines()
+            .skip_while(|l| !l.contains(header))
+            .nth(1)
+            .unwrap_or("");
+        assert_eq!(
+            row.split_whitespace().nth(1),
+            Some("200"),
+            "{tool}: no result row:\n{c}"
+        );
+    }
+}
+
+#[test]
+fn qperf_over_rdma_cm() {
+    let tests = [
+        "rc_bw",
+        "rc_lat",
+        "rc_rdma_write_bw",
+        "rc_rdma_read_lat",
+        "rc_compare_swap_mr",
+    ];
+    let mut server = on_softrdma("qperf", "softrdma0=127.0.4.42");
+    server
+        .env("SOFTRDMA_PIN", "on-demand")
+        .args(["-lp", "19770"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut server = server.spawn().unwrap();
+    common::wait_listening(19770, Duration::from_secs(20));
+    let mut client = on_softrdma("qperf", "softrdma0=127.0.4.41");
+    client
+        .env("SOFTRDMA_PIN", "on-demand")
+        .args(["-lp", "19770", "-cm1", "-t", "1", "127.0.4.42"])
+        .args(tests)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let c = wait_bounded(client.spawn().unwrap(), Duration::from_secs(90));
+    let _ = server.kill();
+    let _ = server.wait();
+    let t = text(&c);
+    assert_clean_exit("qperf (client)", &c);
+    assert!(c.status.success(), "{t}");
+    for name in tests {
+        let after = t.split(&format!("{name}:")).nth(1).unwrap_or("");
+        let line = after.lines().nth(1).unwrap_or("");
+        assert!(
+            line.contains(" = ") && !line.contains("failed"),
+            "{name}: no result:\n{t}"
+        );
+    }
+}
+
+#[test]
+fn a_port_nobody_listens_on_is_rejected() {
+    let mut c = on_softrdma("rping", "softrdma0=127.0.4.51");
+    c.env("SOFTRDMA_PIN", "on-demand")
+        .args(["-c", "-a", "127.0.4.52", "-p", "7999", "-C", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // The peer's device exists (it answers for its QP1) but nothing listens on the port.
+    let mut s = on_softrdma("ucmatose", "softrdma0=127.0.4.52");
+    s.env("SOFTRDMA_PIN", "on-demand")
+        .args(["-p", "7000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut server = s.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = wait_bounded(c.spawn().unwrap(), Duration::from_secs(30));
+    let _ = server.kill();
+    let _ = server.wait();
+    let t = text(&out);
+    assert_clean_exit("rping (client)", &out);
+    assert!(!out.status.success(), "{t}");
+    assert!(t.contains("RDMA_CM_EVENT_REJECTED"), "{t}");
+    let _ = lib_dir();
+}
