@@ -51,7 +51,9 @@ struct State {
     conn: Option<ConnId>,
     /// Passive: the REQ's parameters.
     req: Option<Box<PeerParams>>,
-    sq_psn: u32,
+    /// The PSN this side expects to receive first: what its REQ or REP carries as the
+    /// starting PSN (the peer sends from it; Linux's CM reads both messages this way).
+    rq_psn: u32,
     /// `rdma_create_ep`'s QP attributes, for the ids `rdma_get_request` hands out.
     ep_attr: Option<ibv_qp_init_attr>,
     /// The CQs and channels `rdma_create_qp` made (destroyed with the QP).
@@ -599,13 +601,13 @@ pub(crate) unsafe extern "C" fn connect(p: *mut rdma_cm_id, param: *mut rdma_con
         if private.len() > 92 {
             return Err(libc::EINVAL);
         }
-        let sq_psn = random_psn();
-        id.st().sq_psn = sq_psn;
+        let rq_psn = random_psn();
+        id.st().rq_psn = rq_psn;
         let params = ConnectParams {
             peer: dst.ip(),
             service_id: PortSpace::Tcp.service_id(dst.port()),
             qpn,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             responder_resources: c.responder_resources,
             initiator_depth: c.initiator_depth,
             path_mtu: dev.cfg.active_mtu as u8,
@@ -806,16 +808,16 @@ fn qp_up(id: &Id, p: Peer) -> Result<(), c_int> {
     if qp.is_null() {
         return Ok(());
     }
-    let (sq_psn, ack_timeout) = {
+    let (rq_psn, ack_timeout) = {
         let st = id.st();
-        (st.sq_psn, st.ack_timeout)
+        (st.rq_psn, st.ack_timeout)
     };
     // SAFETY: all-zero is a valid ibv_qp_attr.
     let mut a: ibv_qp_attr = unsafe { core::mem::zeroed() };
     a.qp_state = QPS_RTR;
     a.path_mtu = c_int::from(mtu.clamp(1, 5));
     a.dest_qp_num = peer_qpn;
-    a.rq_psn = peer_psn;
+    a.rq_psn = rq_psn;
     a.max_dest_rd_atomic = resp;
     a.min_rnr_timer = 12;
     a.qp_access_flags = ACCESS_REMOTE_WRITE
@@ -844,7 +846,7 @@ fn qp_up(id: &Id, p: Peer) -> Result<(), c_int> {
     a.timeout = ack_timeout;
     a.retry_cnt = retry.min(7);
     a.rnr_retry = rnr.min(7);
-    a.sq_psn = sq_psn;
+    a.sq_psn = peer_psn;
     a.max_rd_atomic = init;
     modify(
         qp,
@@ -909,8 +911,8 @@ pub(crate) unsafe extern "C" fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn
         }
         let resp = c.responder_resources;
         let init = c.initiator_depth.min(req.responder_resources);
-        let sq_psn = random_psn();
-        id.st().sq_psn = sq_psn;
+        let rq_psn = random_psn();
+        id.st().rq_psn = rq_psn;
         let mtu = (dev.cfg.active_mtu as u8).min(req.path_mtu.max(1));
         qp_up(
             id,
@@ -932,7 +934,7 @@ pub(crate) unsafe extern "C" fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn
         };
         let a = AcceptParams {
             qpn,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             responder_resources: resp,
             initiator_depth: init,
             rnr_retry_count: c.rnr_retry_count.min(7),
@@ -1219,7 +1221,7 @@ pub(crate) unsafe extern "C" fn init_qp_attr(
             (QPS_RTR, Some(r)) => {
                 a.path_mtu = c_int::from(r.path_mtu.clamp(1, 5));
                 a.dest_qp_num = r.qpn;
-                a.rq_psn = r.starting_psn;
+                a.rq_psn = st.rq_psn;
                 a.max_dest_rd_atomic = r.initiator_depth;
                 a.min_rnr_timer = 12;
                 a.ah_attr.is_global = 1;
@@ -1240,7 +1242,7 @@ pub(crate) unsafe extern "C" fn init_qp_attr(
                 a.timeout = st.ack_timeout;
                 a.retry_cnt = r.retry_count;
                 a.rnr_retry = r.rnr_retry_count;
-                a.sq_psn = st.sq_psn;
+                a.sq_psn = r.starting_psn;
                 a.max_rd_atomic = r.responder_resources;
                 *m = QP_STATE
                     | QP_TIMEOUT

@@ -56,7 +56,7 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The local QP number.
     pub qpn: u32,
-    /// The local QP's first PSN.
+    /// The PSN the local QP expects to receive first (the peer sends from it).
     pub starting_psn: u32,
     /// READs and atomics the local QP accepts at once.
     pub responder_resources: u8,
@@ -83,7 +83,7 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// The local QP number.
     pub qpn: u32,
-    /// The local QP's first PSN.
+    /// The PSN the local QP expects to receive first (the peer sends from it).
     pub starting_psn: u32,
     /// READs and atomics the local QP accepts at once.
     pub responder_resources: u8,
@@ -102,7 +102,7 @@ pub struct AcceptParams {
 pub struct PeerParams {
     /// The peer's QP number.
     pub qpn: u32,
-    /// The peer QP's first PSN.
+    /// The PSN the peer expects to receive first: the local QP sends from it.
     pub starting_psn: u32,
     /// READs and atomics the peer accepts at once.
     pub responder_resources: u8,

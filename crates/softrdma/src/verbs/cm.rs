@@ -270,13 +270,15 @@ impl ConnectionManager {
         .emit(&mut private)
         .map_err(crate::cm::Error::from)?;
         private.extend_from_slice(&param.private_data);
-        let sq_psn = random_psn();
+        // As Linux's CM: a REQ's (and a REP's) starting PSN is the PSN its sender expects to
+        // receive first; the peer sends from it.
+        let rq_psn = random_psn();
         let mtu = dev.config().active_mtu;
         let p = ConnectParams {
             peer: dst.ip(),
             service_id: PortSpace::Tcp.service_id(dst.port()),
             qpn: qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             responder_resources: param.responder_resources,
             initiator_depth: param.initiator_depth,
             path_mtu: mtu as u8,
@@ -316,8 +318,8 @@ impl ConnectionManager {
                 let a = QpAttr {
                     path_mtu: mtu,
                     dest_qp_num: rep.qpn,
-                    rq_psn: rep.starting_psn,
-                    sq_psn,
+                    rq_psn,
+                    sq_psn: rep.starting_psn,
                     max_rd_atomic: param.initiator_depth.min(rep.responder_resources),
                     max_dest_rd_atomic: param.responder_resources,
                     retry_cnt: param.retry_count.min(7),
@@ -518,13 +520,13 @@ impl<'a> ConnRequest<'a> {
         timeout: Duration,
     ) -> Result<Connection<'a>, CmError> {
         let p = &self.params;
-        let sq_psn = random_psn();
+        let rq_psn = random_psn();
         let mtu = mtu_of(p.path_mtu).min(self.cm.inner.dev.config().active_mtu);
         let a = QpAttr {
             path_mtu: mtu,
             dest_qp_num: p.qpn,
-            rq_psn: p.starting_psn,
-            sq_psn,
+            rq_psn,
+            sq_psn: p.starting_psn,
             max_rd_atomic: param.initiator_depth.min(p.responder_resources),
             max_dest_rd_atomic: param.responder_resources,
             retry_cnt: p.retry_count,
@@ -550,7 +552,7 @@ impl<'a> ConnRequest<'a> {
                 id,
                 AcceptParams {
                     qpn: qp.qp_num(),
-                    starting_psn: sq_psn,
+                    starting_psn: rq_psn,
                     responder_resources: param.responder_resources,
                     initiator_depth: param.initiator_depth,
                     rnr_retry_count: param.rnr_retry_count.min(7),

@@ -269,7 +269,8 @@ pub struct Req {
     pub transport: u8,
     /// End-to-end flow control.
     pub e2e_flow_control: bool,
-    /// The sender's first PSN.
+    /// Starting PSN: the PSN the sender expects to receive first (the receiver sends from
+    /// it; Linux's CM reads REQ and REP this way).
     pub starting_psn: u32,
     /// How long the sender takes to answer.
     pub local_cm_response_timeout: u8,
@@ -344,7 +345,8 @@ pub struct Rep {
     pub local_qpn: u32,
     /// Local EE context.
     pub local_eecn: u32,
-    /// The sender's first PSN.
+    /// Starting PSN: the PSN the sender expects to receive first (the receiver sends from
+    /// it; Linux's CM reads REQ and REP this way).
     pub starting_psn: u32,
     /// READs and atomics the sender accepts at once.
     pub responder_resources: u8,
