@@ -608,8 +608,10 @@ pub(crate) unsafe extern "C" fn connect(p: *mut rdma_cm_id, param: *mut rdma_con
             service_id: PortSpace::Tcp.service_id(dst.port()),
             qpn,
             starting_psn: rq_psn,
-            responder_resources: c.responder_resources,
-            initiator_depth: c.initiator_depth,
+            responder_resources: c
+                .responder_resources
+                .min(crate::limits::MAX_QP_RD_ATOM as u8),
+            initiator_depth: c.initiator_depth.min(crate::limits::MAX_QP_RD_ATOM as u8),
             path_mtu: dev.cfg.active_mtu as u8,
             retry_count: c.retry_count.min(7),
             rnr_retry_count: c.rnr_retry_count.min(7),
@@ -871,7 +873,11 @@ pub(super) fn apply(ev: &mut Event) {
         };
         // The depths the REP grants: its initiator depth is what it will send us, its
         // responder resources what we may have outstanding.
-        let (resp, init) = (rep.initiator_depth, rep.responder_resources);
+        let max = crate::limits::MAX_QP_RD_ATOM as u8;
+        let (resp, init) = (
+            rep.initiator_depth.min(max),
+            rep.responder_resources.min(max),
+        );
         if qp_up(
             id,
             Peer {
@@ -909,8 +915,11 @@ pub(crate) unsafe extern "C" fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn
             c.responder_resources = req.initiator_depth;
             c.initiator_depth = req.responder_resources;
         }
-        let resp = c.responder_resources;
-        let init = c.initiator_depth.min(req.responder_resources);
+        // The depths the device can give (an rdma_connect with NULL parameters on Linux asks
+        // for its device's maximum, rxe's 128).
+        let max = crate::limits::MAX_QP_RD_ATOM as u8;
+        let resp = c.responder_resources.min(max);
+        let init = c.initiator_depth.min(req.responder_resources).min(max);
         let rq_psn = random_psn();
         id.st().rq_psn = rq_psn;
         let mtu = (dev.cfg.active_mtu as u8).min(req.path_mtu.max(1));

@@ -62,6 +62,8 @@ struct Conn {
     /// The timeout for answers to `last`.
     wait_ns: u64,
     deadline: Option<u64>,
+    /// When the active side sent its first REQ.
+    started: u64,
 }
 
 /// REQs held for a listener at most (more are rejected at once).
@@ -305,6 +307,7 @@ impl Agent {
                 retries_left: 0,
                 wait_ns: 0,
                 deadline: None,
+                started: now,
             },
         );
         let wait = timeout_ns(self.cfg.response_timeout);
@@ -544,6 +547,7 @@ impl Agent {
                 retries_left: 0,
                 wait_ns: 0,
                 deadline: None,
+                started: 0,
             },
         );
         self.by_remote
@@ -705,6 +709,19 @@ impl Agent {
     }
 
     fn on_rej(&mut self, now: u64, id: ConnId, state: State, r: Rej) {
+        if matches!(state, State::ReqSent | State::MraRcvd)
+            && r.reason == rej_reason::INVALID_SERVICE_ID
+            && let Some(c) = self.conns.get_mut(&id)
+            && now.saturating_sub(c.started) < self.cfg.connect_grace_ns
+        {
+            // Nobody listens yet: the REQ goes again shortly (the peer kept no state).
+            c.state = State::ReqSent;
+            c.remote_comm_id = 0;
+            c.retries_left = c.retries_left.max(1);
+            let at = now.saturating_add(self.cfg.connect_retry_ns);
+            self.set_deadline(id, Some(at));
+            return;
+        }
         match state {
             State::ReqSent | State::MraRcvd | State::RepSent | State::ReqRcvd => {
                 self.remove(id);

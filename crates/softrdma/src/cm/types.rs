@@ -31,6 +31,13 @@ pub struct AgentConfig {
     /// does; the device uses 200 ms, because a peer may connect again the moment a
     /// previous connection's handshake ends, before the application listens again.
     pub listen_grace_ns: u64,
+    /// For how long after a connect a REJ "invalid service ID" (nobody listens yet) makes the
+    /// REQ go again (after [`AgentConfig::connect_retry_ns`]) instead of ending the connection:
+    /// a server that listens again right after a previous connection's handshake may not be
+    /// listening yet. 0 (the default) reports the REJ at once, as Linux does.
+    pub connect_grace_ns: u64,
+    /// The pause before such a REQ goes again.
+    pub connect_retry_ns: u64,
 }
 
 impl Default for AgentConfig {
@@ -43,6 +50,8 @@ impl Default for AgentConfig {
             mra_service_timeout: 22,
             max_conns: 65_536,
             listen_grace_ns: 0,
+            connect_grace_ns: 0,
+            connect_retry_ns: 20_000_000,
         }
     }
 }

@@ -195,6 +195,7 @@ impl ConnectionManager {
             AgentConfig {
                 ca_guid,
                 listen_grace_ns: 200_000_000,
+                connect_grace_ns: 500_000_000,
                 ..AgentConfig::default()
             },
             seed(),

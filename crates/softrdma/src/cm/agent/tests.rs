@@ -607,3 +607,41 @@ fn a_req_just_before_the_listen_waits_for_it_and_a_late_one_is_rejected() {
     ));
     assert_eq!((n.b.counters().no_listener, n.b.conn_count()), (1, 0));
 }
+
+#[test]
+fn a_connect_rejected_for_want_of_a_listener_tries_again_within_its_grace() {
+    let grace = AgentConfig {
+        connect_grace_ns: 100_000_000,
+        connect_retry_ns: 20_000_000,
+        ..cfg(0xa)
+    };
+    // B rejects at once (no listen grace), then listens 50 ms later: A's REQ goes again.
+    let mut n = Net::new(|_, _| Fate::Deliver);
+    n.a = Agent::new(grace, 5);
+    n.b = Agent::new(cfg(0xb), 6);
+    n.a.connect(n.now, connect_params(1)).unwrap();
+    n.pump();
+    assert!(n.a_events.is_empty(), "{:?}", n.a_events);
+    assert_eq!(n.b.counters().no_listener, 1);
+    n.now += 50_000_000;
+    n.b.listen(SID).unwrap();
+    n.a.handle_timeout(n.now);
+    n.run(1_000_000_000);
+    assert_eq!(kinds(&n.a_events), ["established"]);
+
+    // Nobody ever listens: after the grace the REJ is reported.
+    let mut n = Net::new(|_, _| Fate::Deliver);
+    n.a = Agent::new(grace, 7);
+    n.b = Agent::new(cfg(0xb), 8);
+    n.a.connect(n.now, connect_params(1)).unwrap();
+    n.run(1_000_000_000);
+    assert!(matches!(
+        n.a_events[..],
+        [CmEvent::Rejected {
+            reason: rej_reason::INVALID_SERVICE_ID,
+            ..
+        }]
+    ));
+    assert!(n.b.counters().no_listener >= 4, "{:?}", n.b.counters());
+    assert_eq!(n.a.conn_count(), 0);
+}
