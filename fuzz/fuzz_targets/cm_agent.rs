@@ -38,6 +38,8 @@ enum Step {
     Mangle { to_b: bool, from_peer: bool, at: u8, xor: u8 },
     /// Time passes (up to about a second).
     Wait { micros: u32 },
+    /// A sends the RTU of a connection made with a deferred RTU.
+    Establish { index: u8 },
     /// B accepts, rejects or ignores its oldest pending request.
     Answer { accept: bool },
     /// Either side disconnects or destroys one of its connections.
@@ -204,6 +206,7 @@ impl World {
                     transport: 0,
                     path: CmPath::default(),
                     private_data: vec![0x5a; usize::from(private_len)],
+                    defer_rtu: private_len % 2 == 1,
                 };
                 if let Ok(id) = self.a.agent.connect(self.now, p) {
                     assert!(self.a.known.insert(id));
@@ -247,6 +250,13 @@ impl World {
                 let now = self.now;
                 self.a.agent.handle_timeout(now);
                 self.b.agent.handle_timeout(now);
+            }
+            Step::Establish { index } => {
+                let mut ids: Vec<_> = self.a.known.iter().copied().collect();
+                ids.sort_unstable();
+                if let Some(&id) = ids.get(usize::from(index) % ids.len().max(1)) {
+                    let _ = self.a.agent.establish(id);
+                }
             }
             Step::Answer { accept } => {
                 let Some(&id) = self.b.pending.first() else { return };

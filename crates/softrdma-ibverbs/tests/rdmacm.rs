@@ -313,3 +313,61 @@ fn a_port_nobody_listens_on_is_rejected() {
     assert!(t.contains("RDMA_CM_EVENT_REJECTED"), "{t}");
     let _ = lib_dir();
 }
+
+/// Acceptance 3 on loopback: in a network namespace of its own, nftables drops 30 % of the
+/// datagrams to QP1 (every CM MAD, both ways: BTH destination QP 1) and 3 % of all RoCE
+/// traffic; rping (data checked) and ucmatose (4 connections) still connect and disconnect,
+/// through the CM's retries. The drop counter proves MADs were lost.
+#[test]
+fn connections_come_up_and_down_through_lost_mads() {
+    let lib = lib_dir().display().to_string();
+    let dir = std::env::temp_dir().join(format!("softrdma-cmloss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let script = format!(
+        r#"set -e
+ip link set lo up
+nft add table inet loss
+nft add chain inet loss in '{{ type filter hook input priority 0; }}'
+nft add rule inet loss in udp dport 4791 @th,104,24 1 numgen random mod 100 '<' 30 counter drop
+nft add rule inet loss in udp dport 4791 numgen random mod 100 '<' 3 drop
+run() {{ env LD_LIBRARY_PATH={lib} SOFTRDMA_PIN=on-demand SOFTRDMA_DEVICES=softrdma0=$1 timeout 60 "${{@:2}}"; }}
+pair() {{ # port server-args client-args
+    run 127.0.0.1 $2 >{d}/server.log 2>&1 &
+    spid=$!
+    sleep 0.5
+    run 127.0.0.2 $3 >{d}/client.log 2>&1 || {{ echo "CLIENT FAILED: $3"; cat {d}/client.log; cat {d}/server.log; exit 1; }}
+    wait $spid || {{ echo "SERVER FAILED: $2"; cat {d}/server.log; exit 1; }}
+    echo "ok: $3"
+}}
+for i in 1 2 3 4 5 6; do
+    pair x "rping -s -a 127.0.0.1 -p 7$i -v -C 10" "rping -c -a 127.0.0.1 -p 7$i -v -C 10"
+    grep -c 'ping data' {d}/client.log
+done
+for i in 1 2; do
+    pair x "ucmatose -p 8$i -c 4 -C 5" "ucmatose -s 127.0.0.1 -p 8$i -c 4 -C 5"
+done
+nft list ruleset | grep -o 'packets [0-9]*'
+"#
+    );
+    let out = Command::new("timeout")
+        .args(["400", "unshare", "-n", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let t = text(&out);
+    println!("{t}");
+    assert!(out.status.success(), "rdma_cm under MAD loss failed:\n{t}");
+    assert_eq!(t.matches("ok: ").count(), 8, "{t}");
+    assert_eq!(
+        t.lines().filter(|l| l.trim() == "10").count(),
+        6,
+        "rping data lines:\n{t}"
+    );
+    let dropped: u64 = t
+        .lines()
+        .filter_map(|l| l.strip_prefix("packets "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum();
+    assert!(dropped > 0, "no MAD was dropped:\n{t}");
+}

@@ -409,6 +409,13 @@ fn c_api_pinned_mode_honours_rlimit_memlock_across_devices() {
     );
 }
 
+/// A signal handler without SA_RESTART interrupts `ibv_get_cq_event` with EINTR (qperf ends
+/// its latency loops so), and the library's threads leave the signal to the application's.
+#[test]
+fn c_api_get_cq_event_returns_eintr_to_a_signal() {
+    run_c("eintr.c", "softrdma0=127.0.0.61");
+}
+
 /// Compile `tests/c/<file>` against verbs.h and our library and run it with `devices`; it
 /// must print "ALL OK" within a minute. Returns what it printed.
 fn run_c(file: &str, devices: &str) -> String {

@@ -9,5 +9,6 @@ pub mod cm;
 pub mod mem;
 pub mod net;
 pub mod rc;
+mod thread;
 pub mod verbs;
 pub mod wire;

@@ -261,7 +261,7 @@ pub(crate) unsafe extern "C" fn destroy_id(p: *mut rdma_cm_id) -> c_int {
             {
                 g.conns.remove(&(d.index, c));
                 if let Some(dc) = g.devs.get(&d.index) {
-                    cms.push((dc.cm, Some(c), None));
+                    cms.push((dc.cm, Some((d.index, c)), None));
                 }
             }
             if let Some(s) = sid {
@@ -283,8 +283,17 @@ pub(crate) unsafe extern "C" fn destroy_id(p: *mut rdma_cm_id) -> c_int {
             }
         }
         for (cm, c, s) in cms {
-            if let Some(c) = c {
-                let _ = cm.raw().destroy(c);
+            if let Some((d, c)) = c {
+                if cm.raw().is_disconnecting(c) {
+                    // Its DREQ is unanswered: the CM keeps sending it (the peer waits for it)
+                    // and its events are dropped; `linger_at_exit` gives it time if the
+                    // process ends first.
+                    global().detached.insert((d, c));
+                } else {
+                    let _ = cm.raw().destroy(c);
+                }
+                // Nothing more is delivered for it; what came meanwhile goes.
+                global().orphans.remove(&(d, c));
             }
             if let Some(s) = s {
                 let _ = cm.raw().unlisten(s);
@@ -619,6 +628,9 @@ pub(crate) unsafe extern "C" fn connect(p: *mut rdma_cm_id, param: *mut rdma_con
             transport: 0,
             path: cm.path_to(dst.ip()),
             private_data: private,
+            // As librdmacm: the RTU goes when the application takes ESTABLISHED and the QP
+            // is up (`apply`), so the peer's first packets find it ready.
+            defer_rtu: true,
         };
         let conn = cm.raw().connect(params).map_err(|_| libc::EINVAL)?;
         id.st().conn = Some(conn);
@@ -878,7 +890,7 @@ pub(super) fn apply(ev: &mut Event) {
             rep.initiator_depth.min(max),
             rep.responder_resources.min(max),
         );
-        if qp_up(
+        let up = qp_up(
             id,
             Peer {
                 qpn: rep.qpn,
@@ -889,11 +901,18 @@ pub(super) fn apply(ev: &mut Event) {
                 retry: rep.retry_count,
                 rnr: rep.rnr_retry_count,
             },
-        )
-        .is_err()
-        {
-            ev.ev.event = event::CONNECT_ERROR;
-            ev.ev.status = -libc::EINVAL;
+        );
+        let (dev, conn) = {
+            let st = id.st();
+            (st.dev, st.conn)
+        };
+        let cm = dev.and_then(|d| global().devs.get(&d.index).map(|dc| dc.cm));
+        match (up, cm, conn) {
+            (Ok(()), Some(cm), Some(c)) if cm.raw().establish(c).is_ok() => {}
+            _ => {
+                ev.ev.event = event::CONNECT_ERROR;
+                ev.ev.status = -libc::EINVAL;
+            }
         }
     }
 }

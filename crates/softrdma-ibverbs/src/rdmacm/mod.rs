@@ -78,16 +78,11 @@ impl Channel {
     /// Take the next event, waiting for one unless the fd is non-blocking (then EAGAIN).
     fn pop(&self) -> Result<Box<Event>, c_int> {
         let mut v: u64 = 0;
-        loop {
-            // SAFETY: reading 8 bytes into a u64 from our eventfd.
-            let n = unsafe { libc::read(self.ch.fd, (&mut v as *mut u64).cast(), 8) };
-            if n == 8 {
-                break;
-            }
-            let e = crate::errno::errno();
-            if e != libc::EINTR {
-                return Err(e);
-            }
+        // SAFETY: reading 8 bytes into a u64 from our eventfd.
+        let n = unsafe { libc::read(self.ch.fd, (&mut v as *mut u64).cast(), 8) };
+        if n != 8 {
+            // EINTR too (librdmacm's read gives it to a signal handler's caller).
+            return Err(crate::errno::errno());
         }
         let p = self.lock().pop_front().ok_or(libc::EAGAIN)?;
         // SAFETY: queued by `push` from Box::into_raw, taken once.
@@ -191,6 +186,9 @@ struct Global {
     listeners: HashMap<(usize, u64), usize>,
     /// Events that arrived before their connection was recorded.
     orphans: HashMap<(usize, ConnId), Vec<CmEvent>>,
+    /// Connections of destroyed ids whose DREQ is still unanswered: the CM keeps resending
+    /// it, their events are dropped.
+    detached: std::collections::HashSet<(usize, ConnId)>,
     /// rdma_cm ports in use.
     ports: std::collections::HashSet<u16>,
     next_port: u16,
@@ -253,7 +251,37 @@ fn dev_cm(
         return Err(libc::ENOMEM);
     }
     g.devs.insert(index, DevCm { ctx, pd, cm });
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registering a plain function with no arguments.
+        unsafe { libc::atexit(linger_at_exit) };
+    });
     Ok((ctx, pd, cm))
+}
+
+/// At process exit: a DREQ of a destroyed id still unanswered gets up to 2 s to be answered
+/// (the peer waits for it; the kernel's CM would keep resending it after the process ends,
+/// this one ends with the process). The CM's thread runs until the process is gone.
+extern "C" fn linger_at_exit() {
+    crate::errno::guard(
+        || (),
+        || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while std::time::Instant::now() < deadline {
+                let pending: Vec<_> = {
+                    let g = global();
+                    g.detached
+                        .iter()
+                        .filter_map(|&(d, c)| g.devs.get(&d).map(|dc| (dc.cm, c)))
+                        .collect()
+                };
+                if !pending.iter().any(|(cm, c)| cm.raw().is_disconnecting(*c)) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        },
+    )
 }
 
 /// An event of device `dev`'s CM (called with the CM's lock held: it takes only ours).
@@ -274,6 +302,15 @@ fn dispatch(g: &mut Global, dev: usize, e: CmEvent) {
         | CmEvent::Disconnected { conn, .. }
         | CmEvent::TimewaitExit { conn } => *conn,
     };
+    if g.detached.contains(&(dev, conn)) {
+        if !matches!(
+            e,
+            CmEvent::Established { .. } | CmEvent::Disconnected { .. }
+        ) {
+            g.detached.remove(&(dev, conn));
+        }
+        return;
+    }
     match g.conns.get(&(dev, conn)).copied() {
         Some(p) => id::on_conn_event(g, dev, p as *mut Id, e),
         None => g.orphans.entry((dev, conn)).or_default().push(e),

@@ -28,6 +28,9 @@ enum State {
     ReqRcvd,
     /// Passive: REP sent, waiting for RTU.
     RepSent,
+    /// Active: the REP arrived; the RTU waits for [`Agent::establish`] (the application
+    /// brings its QP up first).
+    RepRcvd,
     Established,
     DreqSent,
     TimeWait,
@@ -40,6 +43,7 @@ impl State {
             State::MraRcvd => "MRA received",
             State::ReqRcvd => "REQ received",
             State::RepSent => "REP sent",
+            State::RepRcvd => "REP received",
             State::Established => "established",
             State::DreqSent => "DREQ sent",
             State::TimeWait => "time-wait",
@@ -64,6 +68,8 @@ struct Conn {
     deadline: Option<u64>,
     /// When the active side sent its first REQ.
     started: u64,
+    /// Active: send the RTU only on `establish`.
+    defer_rtu: bool,
 }
 
 /// REQs held for a listener at most (more are rejected at once).
@@ -123,6 +129,13 @@ impl Agent {
     /// Connections the agent holds (time-wait included).
     pub fn conn_count(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Whether a connection has sent its DREQ and waits for the DREP.
+    pub fn is_disconnecting(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.state == State::DreqSent)
     }
 
     /// The peer of a connection.
@@ -308,6 +321,7 @@ impl Agent {
                 wait_ns: 0,
                 deadline: None,
                 started: now,
+                defer_rtu: p.defer_rtu,
             },
         );
         let wait = timeout_ns(self.cfg.response_timeout);
@@ -388,7 +402,7 @@ impl Agent {
     pub fn disconnect(&mut self, now: u64, id: ConnId, private_data: &[u8]) -> Result<(), Error> {
         let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
         match c.state {
-            State::Established | State::RepSent => {}
+            State::Established | State::RepSent | State::RepRcvd => {}
             State::DreqSent | State::TimeWait => return Ok(()),
             s => return Err(Error::WrongState(s.name())),
         }
@@ -411,6 +425,27 @@ impl Agent {
         Ok(())
     }
 
+    /// Send the RTU of a connection whose REP arrived (made with `defer_rtu`): the
+    /// application has brought its QP up. Establishing what is established is not an error.
+    pub fn establish(&mut self, id: ConnId) -> Result<(), Error> {
+        let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        match c.state {
+            State::Established => Ok(()),
+            State::RepRcvd => {
+                let rtu = CmMessage::Rtu(Ids {
+                    local_comm_id: id,
+                    remote_comm_id: c.remote_comm_id,
+                    private_data: Vec::new(),
+                });
+                let (peer, tid) = (c.peer, c.tid);
+                self.set_established(id);
+                self.send(peer, tid, rtu);
+                Ok(())
+            }
+            s => Err(Error::WrongState(s.name())),
+        }
+    }
+
     /// The application is done with a connection: whatever state it is in, the peer is told
     /// (a REJ for a REQ not yet answered or a connection not yet up, a DREQ, sent once, for
     /// one that is up) and the agent forgets it; no more events come for it.
@@ -429,6 +464,13 @@ impl Agent {
                 id,
                 c.remote_comm_id,
                 MsgRef::Req,
+                rej_reason::CONSUMER_DEFINED,
+                Vec::new(),
+            )),
+            State::RepRcvd => Some(rej(
+                id,
+                c.remote_comm_id,
+                MsgRef::Rep,
                 rej_reason::CONSUMER_DEFINED,
                 Vec::new(),
             )),
@@ -548,6 +590,7 @@ impl Agent {
                 wait_ns: 0,
                 deadline: None,
                 started: 0,
+                defer_rtu: false,
             },
         );
         self.by_remote
@@ -658,8 +701,14 @@ impl Agent {
                     Some(CmMessage::Req(r)) => (r.path_mtu, r.retry_count, r.primary),
                     _ => (0, 0, CmPath::default()),
                 };
-                self.set_established(id);
-                self.send(peer, tid, rtu);
+                if c.defer_rtu {
+                    c.state = State::RepRcvd;
+                    c.last = None;
+                    self.set_deadline(id, None);
+                } else {
+                    self.set_established(id);
+                    self.send(peer, tid, rtu);
+                }
                 self.events.push_back(CmEvent::Established {
                     conn: id,
                     params: Some(Box::new(PeerParams {
@@ -723,7 +772,7 @@ impl Agent {
             return;
         }
         match state {
-            State::ReqSent | State::MraRcvd | State::RepSent | State::ReqRcvd => {
+            State::ReqSent | State::MraRcvd | State::RepSent | State::ReqRcvd | State::RepRcvd => {
                 self.remove(id);
                 self.events.push_back(CmEvent::Rejected {
                     conn: id,
@@ -747,7 +796,7 @@ impl Agent {
         });
         let (peer, tid) = (c.peer, c.tid);
         match state {
-            State::Established | State::DreqSent | State::RepSent => {
+            State::Established | State::DreqSent | State::RepSent | State::RepRcvd => {
                 if state == State::RepSent {
                     // The RTU was lost but the peer is done already: it was up.
                     self.events.push_back(CmEvent::Established {
@@ -831,7 +880,7 @@ impl Agent {
                     self.remove(id);
                     self.events.push_back(CmEvent::Unreachable { conn: id });
                 }
-                State::ReqRcvd | State::Established => {}
+                State::ReqRcvd | State::Established | State::RepRcvd => {}
             }
         }
     }

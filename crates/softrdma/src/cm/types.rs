@@ -85,6 +85,10 @@ pub struct ConnectParams {
     pub path: CmPath,
     /// The REQ's private data (up to 92 bytes).
     pub private_data: Vec<u8>,
+    /// Send the RTU only when the application calls `establish` (after bringing its QP to
+    /// RTS, so that the peer's first packets find it ready; librdmacm's order), instead of
+    /// as soon as the REP arrives.
+    pub defer_rtu: bool,
 }
 
 /// What the passive side answers with in its REP.

@@ -259,12 +259,12 @@ fn start(shared: Arc<Shared>) -> Result<Started, OpenError> {
     // SAFETY: a descriptor the kernel just created for us.
     let stop = unsafe { OwnedFd::from_raw_fd(efd) };
     let (u, s) = (Arc::clone(&uffd), stop.as_raw_fd());
-    let thread = std::thread::Builder::new()
-        .name("softrdma-watch".into())
-        .spawn(move || run(&shared, &u, s))
-        .map_err(|e| OpenError {
-            errno: e.raw_os_error().unwrap_or(0),
-            what: "cannot start the watcher thread",
+    let thread =
+        crate::thread::spawn("softrdma-watch", move || run(&shared, &u, s)).map_err(|e| {
+            OpenError {
+                errno: e.raw_os_error().unwrap_or(0),
+                what: "cannot start the watcher thread",
+            }
         })?;
     tracing::debug!(features = uffd.features, "coherence watcher started");
     Ok(Started {

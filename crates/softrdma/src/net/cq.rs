@@ -188,11 +188,9 @@ impl ChannelCore {
             // SAFETY: `nfds` valid pollfds.
             let n = unsafe { libc::poll(p.as_mut_ptr(), nfds, ms) };
             if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-                continue;
+                // EINTR too, as `read` on libibverbs' channel gives it: a signal handler
+                // (an alarm that ends a benchmark loop) must get its caller back.
+                return Err(io::Error::last_os_error());
             }
             watch = true;
             if let Some((_, f)) = drive

@@ -222,9 +222,7 @@ impl ConnectionManager {
             epoch: Instant::now(),
         });
         let run = inner.clone();
-        let thread = std::thread::Builder::new()
-            .name("softrdma-cm".into())
-            .spawn(move || run.run())?;
+        let thread = crate::thread::spawn("softrdma-cm", move || run.run())?;
         Ok(ConnectionManager {
             inner,
             thread: Some(thread),
@@ -297,6 +295,8 @@ impl ConnectionManager {
                 ..CmPath::default()
             },
             private_data: private,
+            // The RTU goes once `qp` is up (below), so the peer's first packets find it ready.
+            defer_rtu: true,
         };
         let id = {
             let mut s = lock(&self.inner.shared);
@@ -333,6 +333,7 @@ impl ConnectionManager {
                     ..QpAttr::default()
                 };
                 qp.connect(dst.ip(), &a)?;
+                self.raw().establish(id)?;
                 conn.private_data = rep.private_data;
                 Ok(conn)
             }
@@ -426,6 +427,16 @@ impl RawCm<'_> {
     /// Forget a connection (telling the peer as `cm::Agent::destroy` does).
     pub fn destroy(&self, id: ConnId) -> Result<(), CmError> {
         self.with(|a, _| a.destroy(id))
+    }
+
+    /// Send the RTU of a connection made with `defer_rtu` (its QP is up now).
+    pub fn establish(&self, id: ConnId) -> Result<(), CmError> {
+        self.with(|a, _| a.establish(id))
+    }
+
+    /// Whether the connection has sent its DREQ and waits for the DREP.
+    pub fn is_disconnecting(&self, id: ConnId) -> bool {
+        lock(&self.cm.inner.shared).agent.is_disconnecting(id)
     }
 }
 

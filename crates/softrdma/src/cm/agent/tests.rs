@@ -168,6 +168,7 @@ fn connect_params(qpn: u32) -> ConnectParams {
         transport: 0,
         path: CmPath::default(),
         private_data: b"hello".to_vec(),
+        defer_rtu: false,
     }
 }
 
@@ -644,4 +645,38 @@ fn a_connect_rejected_for_want_of_a_listener_tries_again_within_its_grace() {
     ));
     assert!(n.b.counters().no_listener >= 4, "{:?}", n.b.counters());
     assert_eq!(n.a.conn_count(), 0);
+}
+
+#[test]
+fn a_deferred_rtu_goes_on_establish_and_a_lost_one_is_resent() {
+    // The first RTU is lost: B resends its REP, A (established by then) the RTU.
+    let mut n = Net::new(|i, a| {
+        if a == attr::RTU && i < 3 {
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    let mut p = connect_params(1);
+    p.defer_rtu = true;
+    let id = n.a.connect(n.now, p).unwrap();
+    while n.pump() {}
+    assert_eq!(kinds(&n.a_events), ["established"]);
+    assert_eq!(kinds(&n.b_events), ["request"], "no RTU before establish");
+    assert_eq!(n.a.disconnect(n.now, 0, b""), Err(Error::UnknownConn));
+    n.a.establish(id).unwrap();
+    n.a.establish(id).unwrap();
+    n.run(1_000_000_000);
+    assert_eq!(kinds(&n.b_events), ["request", "established"]);
+    assert!(n.b.counters().retries >= 1);
+    // Destroyed before establish: the peer gets a REJ for its REP.
+    let mut n = Net::new(|_, _| Fate::Deliver);
+    let mut p = connect_params(1);
+    p.defer_rtu = true;
+    let id = n.a.connect(n.now, p).unwrap();
+    while n.pump() {}
+    n.a.destroy(id).unwrap();
+    n.run(1_000_000_000);
+    assert_eq!(kinds(&n.b_events), ["request", "rejected"]);
+    assert_eq!((n.a.conn_count(), n.b.conn_count()), (0, 0));
 }

@@ -363,7 +363,5 @@ impl Engine {
 
 /// Start the engine thread.
 pub fn spawn(engine: Arc<Engine>) -> io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("softrdma-engine".into())
-        .spawn(move || engine.run())
+    crate::thread::spawn("softrdma-engine", move || engine.run())
 }
