@@ -311,7 +311,6 @@ fn a_port_nobody_listens_on_is_rejected() {
     assert_clean_exit("rping (client)", &out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("RDMA_CM_EVENT_REJECTED"), "{t}");
-    let _ = lib_dir();
 }
 
 /// Acceptance 3 on loopback: in a network namespace of its own, nftables drops 30 % of the

@@ -160,6 +160,25 @@ fn gid_of(ip: IpAddr) -> [u8; 16] {
     }
 }
 
+/// The attributes that bring an RC QP to RTS toward a peer that sent `peer` (its QPN, the PSN
+/// to send from, its depths and RNR retry count), with `rq_psn` the PSN this side advertised.
+fn rc_attr(mtu: Mtu, peer: &PeerParams, rq_psn: u32, param: &ConnParam, retry_cnt: u8) -> QpAttr {
+    QpAttr {
+        path_mtu: mtu,
+        dest_qp_num: peer.qpn,
+        rq_psn,
+        sq_psn: peer.starting_psn,
+        max_rd_atomic: param.initiator_depth.min(peer.responder_resources),
+        max_dest_rd_atomic: param.responder_resources,
+        retry_cnt,
+        rnr_retry: peer.rnr_retry_count,
+        timeout: 14,
+        min_rnr_timer: 12,
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    }
+}
+
 fn mtu_of(code: u8) -> Mtu {
     match code {
         1 => Mtu::Mtu256,
@@ -316,22 +335,7 @@ impl ConnectionManager {
             CmEvent::Established {
                 params: Some(rep), ..
             } => {
-                let a = QpAttr {
-                    path_mtu: mtu,
-                    dest_qp_num: rep.qpn,
-                    rq_psn,
-                    sq_psn: rep.starting_psn,
-                    max_rd_atomic: param.initiator_depth.min(rep.responder_resources),
-                    max_dest_rd_atomic: param.responder_resources,
-                    retry_cnt: param.retry_count.min(7),
-                    rnr_retry: rep.rnr_retry_count,
-                    timeout: 14,
-                    min_rnr_timer: 12,
-                    qp_access_flags: Access::REMOTE_WRITE
-                        | Access::REMOTE_READ
-                        | Access::REMOTE_ATOMIC,
-                    ..QpAttr::default()
-                };
+                let a = rc_attr(mtu, &rep, rq_psn, param, param.retry_count.min(7));
                 qp.connect(dst.ip(), &a)?;
                 self.raw().establish(id)?;
                 conn.private_data = rep.private_data;
@@ -534,20 +538,7 @@ impl<'a> ConnRequest<'a> {
         let p = &self.params;
         let rq_psn = random_psn();
         let mtu = mtu_of(p.path_mtu).min(self.cm.inner.dev.config().active_mtu);
-        let a = QpAttr {
-            path_mtu: mtu,
-            dest_qp_num: p.qpn,
-            rq_psn,
-            sq_psn: p.starting_psn,
-            max_rd_atomic: param.initiator_depth.min(p.responder_resources),
-            max_dest_rd_atomic: param.responder_resources,
-            retry_cnt: p.retry_count,
-            rnr_retry: p.rnr_retry_count,
-            timeout: 14,
-            min_rnr_timer: 12,
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ..QpAttr::default()
-        };
+        let a = rc_attr(mtu, p, rq_psn, param, p.retry_count);
         qp.connect(self.peer, &a)?;
         let id = std::mem::replace(&mut self.id, 0);
         let conn = Connection {
