@@ -38,6 +38,11 @@ pub struct Figures {
     pub placed: usize,
     /// Retransmissions over all requesters.
     pub retransmits: u64,
+    /// Local ACK timeouts the WRITEs' own latencies allow: the sum over WRITEs of
+    /// floor((completion - post) / timeout). A requester retransmits a one-packet WRITE once
+    /// per expiry of its timer, and the timer restarts on each send, so a correct one never
+    /// retransmits more often than this, however slowly the machine runs.
+    pub expiries_allowed: u64,
 }
 
 fn rss_bytes() -> u64 {
@@ -177,23 +182,31 @@ impl Pairs {
     ) -> (usize, usize) {
         let t = Instant::now();
         let (mut done, mut ok) = (0, 0);
-        let mut buf = [EMPTY_WC; 64];
         while done < want && t.elapsed() < deadline {
-            let k = self.cq.poll(&mut buf);
-            for w in &buf[..k] {
-                done += 1;
-                if w.status == WcStatus::Success {
-                    ok += 1;
-                } else if done - ok <= 3 {
-                    eprintln!("WRITE {} completed with {:?}", w.wr_id, w.status);
-                }
-                each(w);
-            }
+            let (k, s) = self.poll_once(&mut each);
+            (done, ok) = (done + k, ok + s);
             if k == 0 {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
         (done, ok)
+    }
+
+    /// Poll the CQ once (up to 64 completions); `each` sees every completion. Returns
+    /// (completions, successes).
+    fn poll_once(&self, mut each: impl FnMut(&WorkCompletion)) -> (usize, usize) {
+        let mut buf = [EMPTY_WC; 64];
+        let k = self.cq.poll(&mut buf);
+        let mut ok = 0;
+        for w in &buf[..k] {
+            if w.status == WcStatus::Success {
+                ok += 1;
+            } else {
+                eprintln!("WRITE {} completed with {:?}", w.wr_id, w.status);
+            }
+            each(w);
+        }
+        (k, ok)
     }
 
     /// Pairs whose 64 bytes arrived intact.
@@ -221,11 +234,29 @@ impl Pairs {
 pub fn run(pairs: usize, ip_a: IpAddr, ip_b: IpAddr, port: u16) -> Figures {
     let p = Pairs::connect(pairs, 4, ip_a, ip_b, port);
     let t1 = Instant::now();
+    let timeout_ns =
+        softrdma::rc::timer::ack_timeout_ns(QpAttr::default().timeout).unwrap_or(u64::MAX);
+    let mut posted = Vec::with_capacity(pairs);
+    let mut expiries_allowed = 0u64;
+    // A completion's latency is taken when it is polled: completions are also polled while
+    // posting (every 64 WRITEs), so that early ones do not wait in the CQ for the last post.
+    let mut note = |posted: &[Instant], w: &WorkCompletion| {
+        if let Some(t) = posted.get(w.wr_id as usize) {
+            expiries_allowed += t.elapsed().as_nanos() as u64 / timeout_ns;
+        }
+    };
+    let (mut done, mut ok) = (0, 0);
     for i in 0..pairs {
+        posted.push(Instant::now());
         p.post(i);
+        if i % 64 == 63 {
+            let (d, k) = p.poll_once(|w| note(&posted, w));
+            (done, ok) = (done + d, ok + k);
+        }
     }
     let deadline = Duration::from_secs(5 + pairs as u64 / 1000);
-    let (_, ok) = p.reap(pairs, deadline, |_| {});
+    let (_, k) = p.reap(pairs - done, deadline, |w| note(&posted, w));
+    let ok = ok + k;
     let write = t1.elapsed();
     let rss1 = rss_bytes();
     Figures {
@@ -236,6 +267,7 @@ pub fn run(pairs: usize, ip_a: IpAddr, ip_b: IpAddr, port: u16) -> Figures {
         ok,
         placed: p.placed(),
         retransmits: p.retransmits(),
+        expiries_allowed,
     }
 }
 
