@@ -370,3 +370,74 @@ nft list ruleset | grep -o 'packets [0-9]*'
         .sum();
     assert!(dropped > 0, "no MAD was dropped:\n{t}");
 }
+
+/// A REQ for a port an rdma_cm program listens on, but whose private data is not rdma_cm's
+/// (no IP header), is refused at once with a consumer REJ: the requester hears within the
+/// second, not after its retries run out (librdmacm used to drop it silently).
+#[test]
+fn a_request_without_rdma_cms_header_is_rejected_at_once() {
+    use softrdma::cm::{CmEvent, ConnectParams};
+    use softrdma::verbs::{ConnectionManager, Device, DeviceConfig, HookVerdict, PinMode};
+    use softrdma::wire::cm::rej_reason;
+    use softrdma::wire::cma::PortSpace;
+
+    let mut s = on_softrdma("rping", "softrdma0=127.0.4.53");
+    s.env("SOFTRDMA_PIN", "on-demand")
+        .args(["-s", "-a", "127.0.4.53", "-p", "7011", "-C", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut server = s.spawn().unwrap();
+    let mut cfg = DeviceConfig::new([127, 0, 4, 54].into());
+    cfg.pin_mode = PinMode::OnDemand;
+    let dev = Device::open(cfg).unwrap();
+    let cm = ConnectionManager::open(&dev).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    cm.set_hook(Some(Box::new(move |e| {
+        let _ = tx.lock().unwrap().send(e);
+        HookVerdict::Taken
+    })));
+    let peer: std::net::IpAddr = [127, 0, 4, 53].into();
+    let mut got = None;
+    // The server may not listen yet: a REJ for want of a listener (invalid service ID) means
+    // try again; the one that counts is the consumer REJ of a listening rdma_cm.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        let sent = Instant::now();
+        cm.raw()
+            .connect(ConnectParams {
+                peer,
+                service_id: PortSpace::Tcp.service_id(7011),
+                qpn: 0x42,
+                starting_psn: 1,
+                responder_resources: 1,
+                initiator_depth: 1,
+                path_mtu: 3,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                path: cm.path_to(peer),
+                private_data: vec![0xee; 20],
+                srq: false,
+                transport: 0,
+                defer_rtu: false,
+            })
+            .unwrap();
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(CmEvent::Rejected { reason, .. }) if reason == rej_reason::INVALID_SERVICE_ID => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            e => {
+                got = Some((e, sent.elapsed()));
+                break;
+            }
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let (e, took) = got.expect("the server never listened");
+    assert!(
+        matches!(e, Ok(CmEvent::Rejected { reason, .. }) if reason == rej_reason::CONSUMER_DEFINED),
+        "{e:?}"
+    );
+    assert!(took < Duration::from_secs(1), "the REJ took {took:?}");
+}

@@ -6,7 +6,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use softrdma::cm::{AcceptParams, CmEvent, ConnId, ConnectParams, PeerParams};
-use softrdma::verbs::{ConnectionManager, random_psn};
+use softrdma::verbs::{ConnectionManager, HookVerdict, random_psn};
+use softrdma::wire::cm::rej_reason;
 use softrdma::wire::cma::{CMA_HDR_LEN, CmaHdr, PortSpace};
 
 use super::abi::*;
@@ -683,32 +684,36 @@ pub(crate) unsafe extern "C" fn listen(p: *mut rdma_cm_id, _backlog: c_int) -> c
 
 /// A REQ for a service of device `dev`: a new id on the listener's channel, and
 /// CONNECT_REQUEST.
-pub(super) fn on_request(g: &mut Global, dev: usize, e: CmEvent) {
+/// A connection request for a service listened on through device `dev`: a new id queued as
+/// `RDMA_CM_EVENT_CONNECT_REQUEST` on the listener's channel. A request whose listener has
+/// gone meanwhile is refused as Linux's CM does (invalid service ID); one whose private data
+/// lacks rdma_cm's header, or that cannot get an id, is refused as the consumer's: the peer
+/// hears at once rather than timing out.
+pub(super) fn on_request(g: &mut Global, dev: usize, e: CmEvent) -> HookVerdict {
     let CmEvent::ConnectRequest { conn, peer, params } = e else {
-        return;
+        return HookVerdict::Taken;
     };
     let Some(&lp) = g.listeners.get(&(dev, params.service_id)) else {
-        return;
+        return HookVerdict::Reject(rej_reason::INVALID_SERVICE_ID);
     };
     // SAFETY: listeners are removed from the map before their id is freed.
     let listener = unsafe { &mut *(lp as *mut Id) };
     let Ok(hdr) = CmaHdr::parse(&params.private_data) else {
-        return;
+        return HookVerdict::Reject(rej_reason::CONSUMER_DEFINED);
+    };
+    let (Some(d), Some(dc)) = (
+        crate::device::devices()
+            .ok()
+            .and_then(|v| v.iter().find(|x| x.index == dev)),
+        g.devs.get(&dev),
+    ) else {
+        return HookVerdict::Reject(rej_reason::CONSUMER_DEFINED);
     };
     let Ok(cp) = new_id(listener.id.channel, listener.id.context, listener.id.ps) else {
-        return;
+        return HookVerdict::Reject(rej_reason::NO_RESOURCES);
     };
     // SAFETY: just created.
     let child = unsafe { &mut *cp };
-    let Some(d) = crate::device::devices()
-        .ok()
-        .and_then(|v| v.iter().find(|x| x.index == dev))
-    else {
-        return;
-    };
-    let Some(dc) = g.devs.get(&dev) else {
-        return;
-    };
     child.id.verbs = dc.ctx;
     child.id.pd = if listener.id.pd.is_null() {
         dc.pd
@@ -739,6 +744,7 @@ pub(super) fn on_request(g: &mut Global, dev: usize, e: CmEvent) {
     child.st().req = Some(params);
     g.conns.insert((dev, conn), cp as usize);
     queue(listener, ev);
+    HookVerdict::Taken
 }
 
 /// An event of an id's connection.

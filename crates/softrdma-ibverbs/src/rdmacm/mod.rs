@@ -23,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
 use softrdma::cm::{CmEvent, ConnId, PeerParams};
-use softrdma::verbs::ConnectionManager;
+use softrdma::verbs::{ConnectionManager, HookVerdict};
 
 use crate::abi::{ibv_context, ibv_pd};
 use crate::device::Device;
@@ -285,17 +285,14 @@ extern "C" fn linger_at_exit() {
 }
 
 /// An event of device `dev`'s CM (called with the CM's lock held: it takes only ours).
-fn on_event(dev: usize, e: CmEvent) {
+fn on_event(dev: usize, e: CmEvent) -> HookVerdict {
     let mut g = global();
-    dispatch(&mut g, dev, e);
+    dispatch(&mut g, dev, e)
 }
 
-fn dispatch(g: &mut Global, dev: usize, e: CmEvent) {
+fn dispatch(g: &mut Global, dev: usize, e: CmEvent) -> HookVerdict {
     let conn = match &e {
-        CmEvent::ConnectRequest { .. } => {
-            id::on_request(g, dev, e);
-            return;
-        }
+        CmEvent::ConnectRequest { .. } => return id::on_request(g, dev, e),
         CmEvent::Established { conn, .. }
         | CmEvent::Rejected { conn, .. }
         | CmEvent::Unreachable { conn }
@@ -309,12 +306,13 @@ fn dispatch(g: &mut Global, dev: usize, e: CmEvent) {
         ) {
             g.detached.remove(&(dev, conn));
         }
-        return;
+        return HookVerdict::Taken;
     }
     match g.conns.get(&(dev, conn)).copied() {
         Some(p) => id::on_conn_event(g, dev, p as *mut Id, e),
         None => g.orphans.entry((dev, conn)).or_default().push(e),
     }
+    HookVerdict::Taken
 }
 
 /// Record that connection `conn` of device `dev` is id `p`; deliver what arrived before.
@@ -323,7 +321,8 @@ fn record_conn(dev: usize, conn: ConnId, p: *mut Id) {
     g.conns.insert((dev, conn), p as usize);
     if let Some(evs) = g.orphans.remove(&(dev, conn)) {
         for e in evs {
-            dispatch(&mut g, dev, e);
+            // Orphans are events of connections, never requests: nothing to refuse.
+            let _ = dispatch(&mut g, dev, e);
         }
     }
 }

@@ -374,6 +374,17 @@ impl Agent {
     /// Reject a connection reported by `ConnectRequest` (REJ "consumer defined" with
     /// `private_data`, up to 148 bytes). The connection is gone.
     pub fn reject(&mut self, id: ConnId, private_data: &[u8]) -> Result<(), Error> {
+        self.reject_with(id, rej_reason::CONSUMER_DEFINED, private_data)
+    }
+
+    /// [`Agent::reject`] with another REJ reason (`wire::cm::rej_reason`): e.g. invalid
+    /// service ID for a request whose listener went away before it was delivered.
+    pub fn reject_with(
+        &mut self,
+        id: ConnId,
+        reason: u16,
+        private_data: &[u8],
+    ) -> Result<(), Error> {
         let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
         if c.state != State::ReqRcvd {
             return Err(Error::WrongState(c.state.name()));
@@ -382,7 +393,7 @@ impl Agent {
             id,
             c.remote_comm_id,
             MsgRef::Req,
-            rej_reason::CONSUMER_DEFINED,
+            reason,
             private_data.to_vec(),
         );
         CmMad {

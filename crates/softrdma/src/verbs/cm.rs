@@ -106,8 +106,21 @@ struct Shared {
 
 /// Receives the events of connections made through the low-level interface
 /// ([`ConnectionManager::raw`]); called from the connection manager's thread (or the
-/// caller's) with the manager's lock held, so it must not call back into the manager.
-pub type CmHook = Box<dyn Fn(CmEvent) + Send>;
+/// caller's) with the manager's lock held, so it must not call back into the manager: what it
+/// wants done at once it returns instead ([`HookVerdict`]).
+pub type CmHook = Box<dyn Fn(CmEvent) -> HookVerdict + Send>;
+
+/// What a [`CmHook`] asks of the manager for the event it was given, done as the hook returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookVerdict {
+    /// The event was taken.
+    Taken,
+    /// Refuse the connection request the event reported, with this REJ reason
+    /// (`wire::cm::rej_reason`; e.g. `INVALID_SERVICE_ID` when its listener has gone, or
+    /// `CONSUMER_DEFINED` when its private data is not rdma_cm's): the peer learns of it at
+    /// once instead of timing out. Ignored for other events.
+    Reject(u16),
+}
 
 struct Inner {
     dev: Device,
@@ -696,8 +709,18 @@ impl Inner {
         }
     }
 
-    /// Send what the agent queued and hand out its events.
+    /// Send what the agent queued and hand out its events (a REJ an event leads to goes out
+    /// in the same call).
     fn flush(&self, s: &mut Shared) {
+        self.send_queued(s);
+        if self.hand_out_events(s) {
+            self.send_queued(s);
+            self.cond.notify_all();
+        }
+    }
+
+    /// Post the MADs the agent queued on QP1.
+    fn send_queued(&self, s: &mut Shared) {
         while let Some(t) = s.agent.poll_transmit() {
             let Some(slot) = s.free_sends.pop() else {
                 // Every send buffer is in flight: the MAD is lost, as on a full send queue;
@@ -723,6 +746,11 @@ impl Inner {
                 s.free_sends.push(slot);
             }
         }
+    }
+
+    /// Hand the agent's events to their waiters, listeners or the hook; true if there were
+    /// any.
+    fn hand_out_events(&self, s: &mut Shared) -> bool {
         let mut woke = false;
         while let Some(e) = s.agent.poll_event() {
             woke = true;
@@ -731,7 +759,11 @@ impl Inner {
                     if s.raw_services.contains(&params.service_id)
                         && let Some(h) = &s.hook
                     {
-                        h(CmEvent::ConnectRequest { conn, peer, params });
+                        if let HookVerdict::Reject(reason) =
+                            h(CmEvent::ConnectRequest { conn, peer, params })
+                        {
+                            let _ = s.agent.reject_with(conn, reason, &[]);
+                        }
                         continue;
                     }
                     let port = PortSpace::of_service_id(params.service_id).map(|(_, p)| p);
@@ -754,14 +786,12 @@ impl Inner {
                     if let Some(q) = s.events.get_mut(&id) {
                         q.push_back(e);
                     } else if let Some(h) = &s.hook {
-                        h(e);
+                        let _ = h(e);
                     }
                 }
             }
         }
-        if woke {
-            self.cond.notify_all();
-        }
+        woke
     }
 
     /// A completion of QP1.

@@ -30,7 +30,8 @@ mod srq;
 pub mod connect;
 
 pub use cm::{
-    CmError, CmHook, ConnParam, ConnRequest, Connection, ConnectionManager, Listener, RawCm,
+    CmError, CmHook, ConnParam, ConnRequest, Connection, ConnectionManager, HookVerdict, Listener,
+    RawCm,
 };
 pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
