@@ -1,14 +1,15 @@
 //! The CM: its MAD parser and its state machine (`cm::Agent`) under arbitrary MADs and
 //! application calls.
 //!
-//! Two agents, A (10.0.0.1) and B (10.0.0.2, listening on one service), exchange what they
-//! send through a harness that can drop, duplicate or corrupt it; a stranger (10.0.0.3)
-//! sends arbitrary bytes or corrupted copies of real messages to either. Invariants after
-//! every step: nothing panics; whatever parses as a CM MAD re-emits to bytes that parse to
-//! the same message; every MAD an agent sends parses; a MAD from the stranger changes no
+//! Two agents, A (10.0.0.1) and B (10.0.0.2, listening on one service), connect and resolve
+//! service IDs (SIDR), exchanging what they send through a harness that can drop, duplicate
+//! or corrupt it; a stranger (10.0.0.3) sends arbitrary bytes or corrupted copies of real
+//! messages to either. Invariants after every step: nothing panics; whatever parses as a CM
+//! MAD re-emits to bytes that parse to the same message; every MAD an agent sends parses
+//! (or is the "unsupported" answer to a Get or Set); a MAD from the stranger changes no
 //! connection count, timer or event, and is answered (if at all) only to the stranger with
-//! a DREP or REJ; events name connections the agent made or reported; the agents hold at
-//! most their `max_conns`.
+//! a DREP, REJ, SIDR_REP or that answer; events name connections the agent made or
+//! reported; the agents hold at most their `max_conns`.
 #![no_main]
 
 use std::collections::HashSet;
@@ -16,7 +17,10 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use softrdma::cm::{AcceptParams, Agent, AgentConfig, CmEvent, CmTransmit, ConnId, ConnectParams};
+use softrdma::cm::{
+    AcceptParams, Agent, AgentConfig, CmEvent, CmTransmit, ConnId, ConnectParams, SidrAnswer,
+    SidrParams,
+};
 use softrdma::wire::cm::{CmMad, CmPath, attr};
 use softrdma::wire::mad::MAD_LEN;
 
@@ -30,6 +34,8 @@ const MAX_CONNS: usize = 8;
 enum Step {
     /// A connects (to B's service or another).
     Connect { other_service: bool, private_len: u8 },
+    /// A resolves a service ID (SIDR_REQ; B's service or another).
+    Resolve { other_service: bool, private_len: u8 },
     /// Move queued MADs: each delivered, dropped or duplicated by the mask.
     Deliver { drop_mask: u8, dup_mask: u8 },
     /// The stranger sends raw bytes to A or B.
@@ -67,22 +73,11 @@ struct Side {
     stranger: HashSet<ConnId>,
 }
 
-fn event_conn(e: &CmEvent) -> ConnId {
-    match e {
-        CmEvent::ConnectRequest { conn, .. }
-        | CmEvent::Established { conn, .. }
-        | CmEvent::Disconnected { conn, .. }
-        | CmEvent::Rejected { conn, .. }
-        | CmEvent::Unreachable { conn }
-        | CmEvent::TimewaitExit { conn } => *conn,
-    }
-}
-
 impl Side {
     /// Keep track of the connections an event names; it must name one this side knows.
     fn record(&mut self, e: CmEvent) {
         match e {
-            CmEvent::ConnectRequest { conn, .. } => {
+            CmEvent::ConnectRequest { conn, .. } | CmEvent::SidrRequest { conn, .. } => {
                 assert!(self.known.insert(conn), "a request for a live connection");
                 self.pending.push(conn);
             }
@@ -91,7 +86,8 @@ impl Side {
             }
             CmEvent::Rejected { conn, .. }
             | CmEvent::Unreachable { conn }
-            | CmEvent::TimewaitExit { conn } => {
+            | CmEvent::TimewaitExit { conn }
+            | CmEvent::SidrReply { conn, .. } => {
                 assert!(self.known.remove(&conn), "end of unknown {conn}");
                 self.pending.retain(|&c| c != conn);
                 self.stranger.remove(&conn);
@@ -117,6 +113,20 @@ fn check_parse(bytes: &[u8]) {
     }
 }
 
+/// A MAD an agent sent: a CM message that parses, or the "unsupported" answer to a Get or
+/// Set (its method GetResp, its status 0x000c). Returns whether it is the latter.
+fn check_sent(mad: &[u8; MAD_LEN]) -> bool {
+    if CmMad::parse(mad).is_ok() {
+        return false;
+    }
+    assert_eq!(
+        (mad[3], u16::from_be_bytes([mad[4], mad[5]])),
+        (0x81, 0x000c),
+        "an agent sent a MAD that does not parse"
+    );
+    true
+}
+
 fn observe(side: &Side) -> (usize, Option<u64>) {
     (side.agent.conn_count(), side.agent.next_timeout())
 }
@@ -132,7 +142,7 @@ impl World {
             let side = self.side(b);
             let mut out = Vec::new();
             while let Some(t) = side.agent.poll_transmit() {
-                CmMad::parse(&t.mad).expect("every MAD sent parses");
+                check_sent(&t.mad);
                 out.push((from, t));
             }
             while let Some(e) = side.agent.poll_event() {
@@ -148,7 +158,8 @@ impl World {
     /// anywhere but to the stranger.
     fn stranger_sends(&mut self, to_b: bool, bytes: &[u8]) {
         check_parse(bytes);
-        let is_req = CmMad::parse(bytes).is_ok_and(|m| m.msg.attr_id() == attr::REQ);
+        let is_req = CmMad::parse(bytes)
+            .is_ok_and(|m| m.msg.attr_id() == attr::REQ || m.msg.attr_id() == attr::SIDR_REQ);
         let now = self.now;
         let side = self.side(to_b);
         let had_own = !side.stranger.is_empty();
@@ -158,12 +169,13 @@ impl World {
         while let Some(e) = side.agent.poll_event() {
             events += 1;
             let conn = match &e {
-                CmEvent::ConnectRequest { conn, peer, .. } => {
+                CmEvent::ConnectRequest { conn, peer, .. }
+                | CmEvent::SidrRequest { conn, peer, .. } => {
                     assert!(is_req && *peer == STRANGER, "{e:?}");
                     side.stranger.insert(*conn);
                     *conn
                 }
-                e => event_conn(e),
+                e => e.conn(),
             };
             assert!(side.stranger.contains(&conn), "a stranger's MAD moved {e:?}");
             side.record(e);
@@ -178,9 +190,13 @@ impl World {
         }
         while let Some(t) = side.agent.poll_transmit() {
             assert_eq!(t.dst, STRANGER);
+            if check_sent(&t.mad) {
+                // The stranger's own Get or Set, answered "unsupported".
+                continue;
+            }
             let a = CmMad::parse(&t.mad).unwrap().msg.attr_id();
             assert!(
-                had_own || a == attr::DREP || a == attr::REJ,
+                had_own || a == attr::DREP || a == attr::REJ || a == attr::SIDR_REP,
                 "answered a stranger with {a:#x}"
             );
         }
@@ -209,6 +225,19 @@ impl World {
                     defer_rtu: private_len % 2 == 1,
                 };
                 if let Ok(id) = self.a.agent.connect(self.now, p) {
+                    assert!(self.a.known.insert(id));
+                }
+            }
+            Step::Resolve {
+                other_service,
+                private_len,
+            } => {
+                let p = SidrParams {
+                    peer: B,
+                    service_id: if other_service { SID + 1 } else { SID },
+                    private_data: vec![0xa5; usize::from(private_len)],
+                };
+                if let Ok(id) = self.a.agent.sidr_request(self.now, p) {
                     assert!(self.a.known.insert(id));
                 }
             }
@@ -266,7 +295,19 @@ impl World {
                         qpn: 0x200,
                         ..AcceptParams::default()
                     };
+                    // One of the two applies (a REQ or a SIDR_REQ); an answered resolution
+                    // is over for the application.
                     let _ = self.b.agent.accept(self.now, id, p);
+                    let a = SidrAnswer {
+                        status: 0,
+                        qpn: 0x201,
+                        qkey: 0x0123_4567,
+                        private_data: b"ok".to_vec(),
+                    };
+                    if self.b.agent.sidr_answer(self.now, id, a).is_ok() {
+                        self.b.known.remove(&id);
+                        self.b.stranger.remove(&id);
+                    }
                 } else if self.b.agent.reject(id, b"no").is_ok() {
                     self.b.known.remove(&id);
                     self.b.stranger.remove(&id);

@@ -5,9 +5,11 @@ use core::ptr::null_mut;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use softrdma::cm::{AcceptParams, CmEvent, ConnId, ConnectParams, PeerParams};
+use softrdma::cm::{
+    AcceptParams, CmEvent, ConnId, ConnectParams, PeerParams, SidrAnswer, SidrParams,
+};
 use softrdma::verbs::{ConnectionManager, HookVerdict, random_psn};
-use softrdma::wire::cm::rej_reason;
+use softrdma::wire::cm::{rej_reason, sidr_status};
 use softrdma::wire::cma::{CMA_HDR_LEN, CmaHdr, PortSpace};
 
 use super::abi::*;
@@ -40,7 +42,20 @@ const QP_DEST_QPN: c_int = 1 << 20;
 const ACCESS_REMOTE_WRITE: u32 = 1 << 1;
 const ACCESS_REMOTE_READ: u32 = 1 << 2;
 const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
+const QP_QKEY: c_int = 1 << 6;
 const QPT_RC: c_int = 2;
+const QPT_UD: c_int = 4;
+/// `RDMA_UDP_QKEY`: the Q_Key of the UDP port space's QPs (Linux's rdma_cm sets it).
+pub(super) const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// The CM port space of an id's `ps` (TCP and UDP are supported).
+fn port_space(ps: c_int) -> PortSpace {
+    if ps == RDMA_PS_UDP {
+        PortSpace::Udp
+    } else {
+        PortSpace::Tcp
+    }
+}
 
 /// What the library keeps about an id.
 #[derive(Debug, Default)]
@@ -111,7 +126,7 @@ fn new_id(
     c.channel = channel;
     c.context = context;
     c.ps = ps;
-    c.qp_type = QPT_RC;
+    c.qp_type = if ps == RDMA_PS_UDP { QPT_UD } else { QPT_RC };
     let p = Box::into_raw(Box::new(Id {
         id: c,
         // SAFETY: as above.
@@ -223,7 +238,7 @@ pub(crate) unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channe
     )
 }
 
-/// `rdma_create_id`: TCP port space only (the others: EOPNOTSUPP).
+/// `rdma_create_id`: the TCP and UDP port spaces (IPoIB and native IB: EOPNOTSUPP).
 pub(crate) unsafe extern "C" fn create_id(
     ch: *mut rdma_event_channel,
     out: *mut *mut rdma_cm_id,
@@ -234,7 +249,7 @@ pub(crate) unsafe extern "C" fn create_id(
         if out.is_null() || (!ch.is_null() && unsafe { Channel::from_c(ch) }.is_none()) {
             return Err(libc::EINVAL);
         }
-        if ps != RDMA_PS_TCP {
+        if ps != RDMA_PS_TCP && ps != RDMA_PS_UDP {
             return Err(libc::EOPNOTSUPP);
         }
         let p = new_id(ch, context, ps)?;
@@ -489,13 +504,29 @@ fn make_qp(id: &mut Id, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<(),
     let mut m: ibv_qp_attr = unsafe { core::mem::zeroed() };
     m.qp_state = QPS_INIT;
     m.port_num = 1;
-    // SAFETY: the QP just created.
-    let rc = unsafe {
-        crate::qp::ibv_modify_qp(
+    let rc = if a.qp_type == QPT_UD {
+        // As librdmacm: a UD QP goes to RTS at once, with the port space's Q_Key.
+        m.qkey = RDMA_UDP_QKEY;
+        modify(qp, &mut m, QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY)
+            .and_then(|()| {
+                m.qp_state = QPS_RTR;
+                modify(qp, &mut m, QP_STATE)
+            })
+            .and_then(|()| {
+                m.qp_state = QPS_RTS;
+                m.sq_psn = 0;
+                modify(qp, &mut m, QP_STATE | QP_SQ_PSN)
+            })
+            .err()
+            .unwrap_or(0)
+    } else {
+        modify(
             qp,
             &mut m,
             QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS,
         )
+        .err()
+        .unwrap_or(0)
     };
     if rc != 0 {
         // SAFETY: as above.
@@ -608,6 +639,22 @@ pub(crate) unsafe extern "C" fn connect(p: *mut rdma_cm_id, param: *mut rdma_con
         .emit(&mut private)
         .map_err(|_| libc::EINVAL)?;
         private.extend_from_slice(&private_of(&c));
+        if id.id.ps == RDMA_PS_UDP {
+            // A service ID resolution; ESTABLISHED (with the peer's QP and Q_Key) or
+            // UNREACHABLE follows.
+            let params = SidrParams {
+                peer: dst.ip(),
+                service_id: PortSpace::Udp.service_id(dst.port()),
+                private_data: private,
+            };
+            let conn = cm.raw().sidr_request(params).map_err(|_| libc::EINVAL)?;
+            id.st().conn = Some(conn);
+            record_conn(dev.index, conn, p.cast());
+            if id.own_channel {
+                wait_sync(id, event::ESTABLISHED)?;
+            }
+            return Ok(());
+        }
         if private.len() > 92 {
             return Err(libc::EINVAL);
         }
@@ -655,7 +702,7 @@ pub(crate) unsafe extern "C" fn listen(p: *mut rdma_cm_id, _backlog: c_int) -> c
             let st = id.st();
             (st.port, st.dev)
         };
-        let sid = PortSpace::Tcp.service_id(port);
+        let sid = port_space(id.id.ps).service_id(port);
         let devs: Vec<&'static Device> = match dev {
             Some(d) => vec![d],
             None => crate::device::devices()
@@ -682,23 +729,35 @@ pub(crate) unsafe extern "C" fn listen(p: *mut rdma_cm_id, _backlog: c_int) -> c
     })
 }
 
-/// A REQ for a service of device `dev`: a new id on the listener's channel, and
-/// CONNECT_REQUEST.
 /// A connection request for a service listened on through device `dev`: a new id queued as
 /// `RDMA_CM_EVENT_CONNECT_REQUEST` on the listener's channel. A request whose listener has
 /// gone meanwhile is refused as Linux's CM does (invalid service ID); one whose private data
 /// lacks rdma_cm's header, or that cannot get an id, is refused as the consumer's: the peer
 /// hears at once rather than timing out.
 pub(super) fn on_request(g: &mut Global, dev: usize, e: CmEvent) -> HookVerdict {
-    let CmEvent::ConnectRequest { conn, peer, params } = e else {
-        return HookVerdict::Taken;
+    let (conn, peer, service_id, private_data, params) = match e {
+        CmEvent::ConnectRequest { conn, peer, params } => (
+            conn,
+            peer,
+            params.service_id,
+            params.private_data.clone(),
+            Some(params),
+        ),
+        // The UDP port space: SIDR_REQ; the event carries its private data only.
+        CmEvent::SidrRequest {
+            conn,
+            peer,
+            service_id,
+            private_data,
+        } => (conn, peer, service_id, private_data, None),
+        _ => return HookVerdict::Taken,
     };
-    let Some(&lp) = g.listeners.get(&(dev, params.service_id)) else {
+    let Some(&lp) = g.listeners.get(&(dev, service_id)) else {
         return HookVerdict::Reject(rej_reason::INVALID_SERVICE_ID);
     };
     // SAFETY: listeners are removed from the map before their id is freed.
     let listener = unsafe { &mut *(lp as *mut Id) };
-    let Ok(hdr) = CmaHdr::parse(&params.private_data) else {
+    let Ok(hdr) = CmaHdr::parse(&private_data) else {
         return HookVerdict::Reject(rej_reason::CONSUMER_DEFINED);
     };
     let (Some(d), Some(dc)) = (
@@ -737,14 +796,28 @@ pub(super) fn on_request(g: &mut Global, dev: usize, e: CmEvent) -> HookVerdict 
     }
     let mut ev = Event::new(cp.cast(), event::CONNECT_REQUEST, 0);
     ev.ev.listen_id = lp as *mut rdma_cm_id;
-    ev.conn(
-        &params.private_data[CMA_HDR_LEN.min(params.private_data.len())..],
-        Some(&params),
-    );
-    child.st().req = Some(params);
+    let data = &private_data[CMA_HDR_LEN.min(private_data.len())..];
+    match params {
+        Some(params) => {
+            ev.conn(data, Some(&params));
+            child.st().req = Some(params);
+        }
+        None => ev.ud(data, None, 0, 0),
+    }
     g.conns.insert((dev, conn), cp as usize);
     queue(listener, ev);
     HookVerdict::Taken
+}
+
+/// The address handle attributes toward `dgid` through port 1 (RoCE: global routing).
+fn ah_attr_to(dgid: ibv_gid) -> ibv_ah_attr {
+    // SAFETY: all-zero is a valid ibv_ah_attr.
+    let mut a: ibv_ah_attr = unsafe { core::mem::zeroed() };
+    a.is_global = 1;
+    a.grh.dgid = dgid;
+    a.grh.hop_limit = 64;
+    a.port_num = 1;
+    a
 }
 
 /// An event of an id's connection.
@@ -787,7 +860,28 @@ pub(super) fn on_conn_event(g: &mut Global, dev: usize, p: *mut Id, e: CmEvent) 
             id.st().conn = None;
             return;
         }
-        CmEvent::ConnectRequest { .. } => return,
+        // The UDP port space: the resolution is over either way. Linux reports a refusal
+        // as UNREACHABLE with the SIDR_REP's status.
+        CmEvent::SidrReply {
+            conn,
+            status,
+            qpn,
+            qkey,
+            private_data,
+            ..
+        } => {
+            g.conns.remove(&(dev, conn));
+            id.st().conn = None;
+            if status != sidr_status::SUCCESS {
+                Event::new(cp, event::UNREACHABLE, c_int::from(status))
+            } else {
+                let mut ev = Event::new(cp, event::ESTABLISHED, 0);
+                let ah = ah_attr_to(id.id.route.addr.ibaddr.dgid);
+                ev.ud(&private_data, Some(ah), qpn, qkey);
+                ev
+            }
+        }
+        CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => return,
     };
     queue(id, ev);
 }
@@ -930,6 +1024,9 @@ pub(crate) unsafe extern "C" fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn
         // SAFETY: checked against the registry.
         let id = unsafe { id_of(p) }?;
         let (dev, _, _, cm) = dev_of(id)?;
+        if id.id.ps == RDMA_PS_UDP {
+            return accept_ud(id, dev, cm, &param_or_default(param));
+        }
         let (req, conn) = {
             let st = id.st();
             (st.req.clone(), st.conn)
@@ -983,7 +1080,37 @@ pub(crate) unsafe extern "C" fn accept(p: *mut rdma_cm_id, param: *mut rdma_conn
     })
 }
 
-/// `rdma_reject`: REJ "consumer defined" with private data.
+/// `rdma_accept` of a UDP port space request: a SIDR_REP with the id's UD QP (or the
+/// parameters' `qp_num`) and the port space's Q_Key. No event follows (as on Linux).
+fn accept_ud(
+    id: &mut Id,
+    dev: &'static Device,
+    cm: &ConnectionManager,
+    c: &rdma_conn_param,
+) -> Result<(), c_int> {
+    let conn = id.st().conn.ok_or(libc::EINVAL)?;
+    let qpn = if id.id.qp.is_null() {
+        c.qp_num
+    } else {
+        // SAFETY: the id's QP.
+        unsafe { (*id.id.qp).qp_num }
+    };
+    let answer = SidrAnswer {
+        status: sidr_status::SUCCESS,
+        qpn,
+        qkey: RDMA_UDP_QKEY,
+        private_data: private_of(c),
+    };
+    cm.raw()
+        .sidr_answer(conn, answer)
+        .map_err(|_| libc::EINVAL)?;
+    id.st().conn = None;
+    global().conns.remove(&(dev.index, conn));
+    Ok(())
+}
+
+/// `rdma_reject`: REJ "consumer defined" with private data (a UDP port space request: a
+/// SIDR_REP "rejected").
 pub(crate) unsafe extern "C" fn reject(p: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
     crate::errno::ffi_minus1(|| {
         // SAFETY: checked against the registry.
@@ -1244,6 +1371,24 @@ pub(crate) unsafe extern "C" fn init_qp_attr(
         // SAFETY: writable per the contract.
         let (a, m) = unsafe { (&mut *attr, &mut *mask) };
         let want = a.qp_state;
+        if id.id.ps == RDMA_PS_UDP {
+            // UD: the port space's Q_Key; nothing about a peer.
+            match want {
+                QPS_INIT => {
+                    a.port_num = 1;
+                    a.pkey_index = 0;
+                    a.qkey = RDMA_UDP_QKEY;
+                    *m = QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY;
+                }
+                QPS_RTR => *m = QP_STATE,
+                QPS_RTS => {
+                    a.sq_psn = 0;
+                    *m = QP_STATE | QP_SQ_PSN;
+                }
+                _ => return Err(libc::EINVAL),
+            }
+            return Ok(());
+        }
         let st = id.st();
         match (want, &st.req) {
             (QPS_INIT, _) => {

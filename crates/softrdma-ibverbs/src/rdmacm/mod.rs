@@ -25,7 +25,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use softrdma::cm::{CmEvent, ConnId, PeerParams};
 use softrdma::verbs::{ConnectionManager, HookVerdict};
 
-use crate::abi::{ibv_context, ibv_pd};
+use crate::abi::{ibv_ah_attr, ibv_context, ibv_pd};
 use crate::device::Device;
 use abi::*;
 pub use id::Id;
@@ -167,6 +167,21 @@ impl Event {
         }
         self.ev.param.conn = c;
     }
+
+    /// Set the UD parameters (the UDP port space), with `data` (up to 255 bytes) as private
+    /// data.
+    fn ud(&mut self, data: &[u8], ah_attr: Option<ibv_ah_attr>, qp_num: u32, qkey: u32) {
+        let n = data.len().min(255);
+        self.private[..n].copy_from_slice(&data[..n]);
+        self.ev.param.ud = rdma_ud_param {
+            private_data: self.private.as_ptr().cast(),
+            private_data_len: n as u8,
+            // SAFETY: all-zero is a valid ibv_ah_attr.
+            ah_attr: ah_attr.unwrap_or(unsafe { core::mem::zeroed() }),
+            qp_num,
+            qkey,
+        };
+    }
 }
 
 /// The CM of one device, as this library uses it.
@@ -292,12 +307,10 @@ fn on_event(dev: usize, e: CmEvent) -> HookVerdict {
 
 fn dispatch(g: &mut Global, dev: usize, e: CmEvent) -> HookVerdict {
     let conn = match &e {
-        CmEvent::ConnectRequest { .. } => return id::on_request(g, dev, e),
-        CmEvent::Established { conn, .. }
-        | CmEvent::Rejected { conn, .. }
-        | CmEvent::Unreachable { conn }
-        | CmEvent::Disconnected { conn, .. }
-        | CmEvent::TimewaitExit { conn } => *conn,
+        CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {
+            return id::on_request(g, dev, e);
+        }
+        e => e.conn(),
     };
     if g.detached.contains(&(dev, conn)) {
         if !matches!(

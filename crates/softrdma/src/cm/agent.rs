@@ -5,11 +5,12 @@ use std::net::IpAddr;
 
 use super::types::{
     AcceptParams, AgentConfig, CmCounters, CmEvent, CmTransmit, ConnId, ConnectParams, Error,
-    PeerParams,
+    PeerParams, SidrAnswer, SidrParams,
 };
 use crate::wire;
 use crate::wire::cm::{
-    CmMad, CmMessage, CmPath, Dreq, Ids, Mra, MsgRef, Rej, Rep, Req, rej_reason,
+    CmMad, CmMessage, CmPath, Dreq, Ids, Mra, MsgRef, Rej, Rep, Req, SidrRep, SidrReq, rej_reason,
+    sidr_status,
 };
 use crate::wire::mad::MAD_LEN;
 
@@ -34,6 +35,12 @@ enum State {
     Established,
     DreqSent,
     TimeWait,
+    /// Active: SIDR_REQ sent, waiting for the SIDR_REP.
+    SidrReqSent,
+    /// Passive: SIDR_REQ reported; waiting for the application.
+    SidrReqRcvd,
+    /// Passive: SIDR_REP sent; a duplicate SIDR_REQ gets it again until time-wait ends.
+    SidrAnswered,
 }
 
 impl State {
@@ -47,6 +54,9 @@ impl State {
             State::Established => "established",
             State::DreqSent => "DREQ sent",
             State::TimeWait => "time-wait",
+            State::SidrReqSent => "SIDR_REQ sent",
+            State::SidrReqRcvd => "SIDR_REQ received",
+            State::SidrAnswered => "SIDR_REP sent",
         }
     }
 }
@@ -386,6 +396,24 @@ impl Agent {
         private_data: &[u8],
     ) -> Result<(), Error> {
         let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        if c.state == State::SidrReqRcvd {
+            // A resolution is refused with a SIDR_REP "rejected" (rdma_reject on a UDP id;
+            // "not supported" for the reason invalid service ID).
+            let status = if reason == rej_reason::INVALID_SERVICE_ID {
+                sidr_status::SID_NOT_SUPPORTED
+            } else {
+                sidr_status::REJECT
+            };
+            let answer = SidrAnswer {
+                status,
+                qpn: 0,
+                qkey: 0,
+                private_data: private_data.to_vec(),
+            };
+            // Time-wait counts from the SIDR_REQ's arrival (a duplicate extends it).
+            let at = c.started;
+            return self.sidr_answer(at, id, answer);
+        }
         if c.state != State::ReqRcvd {
             return Err(Error::WrongState(c.state.name()));
         }
@@ -491,7 +519,12 @@ impl Agent {
                 remote_qpn: c.remote_qpn,
                 private_data: Vec::new(),
             })),
-            State::DreqSent | State::TimeWait => None,
+            State::DreqSent | State::TimeWait | State::SidrReqSent | State::SidrAnswered => None,
+            // As Linux: a resolution destroyed unanswered is refused.
+            State::SidrReqRcvd => {
+                let m = self.sidr_rep_of(c, sidr_status::REJECT, 0, 0, Vec::new());
+                Some(m)
+            }
         };
         if let Some(m) = msg {
             self.send(peer, tid, m);
@@ -500,16 +533,121 @@ impl Agent {
         Ok(())
     }
 
+    /// Resolve a service ID to the peer's UD QP: send a SIDR_REQ, retried like a REQ.
+    /// `SidrReply` follows (or `Unreachable` when every retry goes unanswered).
+    pub fn sidr_request(&mut self, now: u64, p: SidrParams) -> Result<ConnId, Error> {
+        if self.conns.len() >= self.cfg.max_conns {
+            return Err(Error::TooManyConns);
+        }
+        let id = self.new_comm_id();
+        let tid = self.next_random();
+        let req = CmMessage::SidrReq(Box::new(SidrReq {
+            request_id: id,
+            pkey: wire::DEFAULT_PKEY,
+            service_id: p.service_id,
+            private_data: p.private_data,
+        }));
+        CmMad {
+            tid,
+            msg: req.clone(),
+        }
+        .emit(&mut [0u8; MAD_LEN])?;
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::SidrReqSent,
+                peer: p.peer,
+                remote_comm_id: 0,
+                remote_guid: 0,
+                tid,
+                remote_qpn: 0,
+                last: None,
+                retries_left: 0,
+                wait_ns: 0,
+                deadline: None,
+                started: now,
+                defer_rtu: false,
+            },
+        );
+        let wait = timeout_ns(self.cfg.response_timeout);
+        self.send_awaiting(now, id, req, wait, self.cfg.max_retries);
+        Ok(id)
+    }
+
+    /// Answer a resolution reported by `SidrRequest` with a SIDR_REP; the SIDR_REP is
+    /// repeated for duplicate SIDR_REQs during the time-wait, then the resolution is gone.
+    pub fn sidr_answer(&mut self, now: u64, id: ConnId, a: SidrAnswer) -> Result<(), Error> {
+        let c = self.conns.get(&id).ok_or(Error::UnknownConn)?;
+        if c.state != State::SidrReqRcvd {
+            return Err(Error::WrongState(c.state.name()));
+        }
+        let rep = self.sidr_rep_of(c, a.status, a.qpn, a.qkey, a.private_data);
+        CmMad {
+            tid: c.tid,
+            msg: rep.clone(),
+        }
+        .emit(&mut [0u8; MAD_LEN])?;
+        let (peer, tid) = (c.peer, c.tid);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::SidrAnswered;
+            c.last = Some(rep.clone());
+        }
+        self.send(peer, tid, rep);
+        self.set_deadline(id, Some(now.saturating_add(self.cfg.timewait_ns)));
+        Ok(())
+    }
+
+    /// The SIDR_REP answering passive resolution `c` (whose `last` is its SIDR_REQ).
+    fn sidr_rep_of(
+        &self,
+        c: &Conn,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: Vec<u8>,
+    ) -> CmMessage {
+        let service_id = match &c.last {
+            Some(CmMessage::SidrReq(r)) => r.service_id,
+            _ => 0,
+        };
+        CmMessage::SidrRep(Box::new(SidrRep {
+            request_id: c.remote_comm_id,
+            status,
+            info_len: 0,
+            qpn: if status == sidr_status::SUCCESS {
+                qpn
+            } else {
+                0
+            },
+            service_id,
+            qkey: if status == sidr_status::SUCCESS {
+                qkey
+            } else {
+                0
+            },
+            info: [0; 72],
+            private_data,
+        }))
+    }
+
     /// A MAD arrived on QP1 from `from`. Anything that is not a valid CM message for a
     /// connection of this agent from its peer is dropped and counted, changing nothing.
     pub fn handle_mad(&mut self, now: u64, from: IpAddr, payload: &[u8]) {
         self.counters.received += 1;
         let Ok(mad) = CmMad::parse(payload) else {
+            if let Some(mad) = wire::mad::unmatched_response(payload) {
+                // A Get or Set (e.g. ClassPortInfo): answered as Linux's MAD layer does.
+                self.counters.unsupported += 1;
+                self.counters.sent += 1;
+                self.tx.push_back(CmTransmit { dst: from, mad });
+                return;
+            }
             self.counters.bad += 1;
             return;
         };
         match mad.msg {
             CmMessage::Req(req) => self.on_req(now, from, mad.tid, *req),
+            CmMessage::SidrReq(req) => self.on_sidr_req(now, from, mad.tid, *req),
             msg => self.on_reply(now, from, mad.tid, msg),
         }
     }
@@ -613,6 +751,107 @@ impl Agent {
         });
     }
 
+    /// A SIDR_REQ: a duplicate of one being decided is dropped, of one answered gets the
+    /// same SIDR_REP; one for a service nobody listens on is answered "not supported" at
+    /// once (as Linux does); otherwise a new resolution is reported.
+    fn on_sidr_req(&mut self, now: u64, from: IpAddr, tid: u64, req: SidrReq) {
+        if let Some(&id) = self.by_remote.get(&(from, req.request_id, 0)) {
+            self.counters.duplicates += 1;
+            let Some(c) = self.conns.get(&id) else {
+                return;
+            };
+            if c.state == State::SidrAnswered
+                && let Some(rep) = c.last.clone()
+            {
+                let (peer, ctid) = (c.peer, c.tid);
+                self.send(peer, ctid, rep);
+                let until = now.saturating_add(self.cfg.timewait_ns);
+                self.set_deadline(id, Some(until));
+            }
+            return;
+        }
+        let refuse = |status| {
+            CmMessage::SidrRep(Box::new(SidrRep {
+                request_id: req.request_id,
+                status,
+                info_len: 0,
+                qpn: 0,
+                service_id: req.service_id,
+                qkey: 0,
+                info: [0; 72],
+                private_data: Vec::new(),
+            }))
+        };
+        if !self.listeners.contains(&req.service_id) {
+            self.counters.no_listener += 1;
+            self.send(from, tid, refuse(sidr_status::SID_NOT_SUPPORTED));
+            return;
+        }
+        if self.conns.len() >= self.cfg.max_conns {
+            self.send(from, tid, refuse(sidr_status::NO_QP));
+            return;
+        }
+        let id = self.new_comm_id();
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::SidrReqRcvd,
+                peer: from,
+                remote_comm_id: req.request_id,
+                remote_guid: 0,
+                tid,
+                remote_qpn: 0,
+                last: None,
+                retries_left: 0,
+                wait_ns: 0,
+                deadline: None,
+                started: now,
+                defer_rtu: false,
+            },
+        );
+        self.by_remote.insert((from, req.request_id, 0), id);
+        self.events.push_back(CmEvent::SidrRequest {
+            conn: id,
+            peer: from,
+            service_id: req.service_id,
+            private_data: req.private_data.clone(),
+        });
+        if let Some(c) = self.conns.get_mut(&id) {
+            // Kept for the answer's service ID.
+            c.last = Some(CmMessage::SidrReq(Box::new(req)));
+        }
+    }
+
+    /// A SIDR_REP for a resolution of ours. "Not supported" within the connect grace means
+    /// nobody listens yet: the SIDR_REQ goes again shortly, as a REQ does after such a REJ.
+    fn on_sidr_rep(&mut self, now: u64, id: ConnId, state: State, rep: SidrRep) {
+        if state != State::SidrReqSent {
+            self.counters.stray += 1;
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if rep.status == sidr_status::SID_NOT_SUPPORTED
+            && now.saturating_sub(c.started) < self.cfg.connect_grace_ns
+        {
+            c.retries_left = c.retries_left.max(1);
+            let at = now.saturating_add(self.cfg.connect_retry_ns);
+            self.set_deadline(id, Some(at));
+            return;
+        }
+        let peer = c.peer;
+        self.remove(id);
+        self.events.push_back(CmEvent::SidrReply {
+            conn: id,
+            peer,
+            status: rep.status,
+            qpn: rep.qpn,
+            qkey: rep.qkey,
+            private_data: rep.private_data,
+        });
+    }
+
     /// Every message but REQ names our communication ID: it must be a connection of ours,
     /// from its peer, with the peer's ID once known.
     fn on_reply(&mut self, now: u64, from: IpAddr, tid: u64, msg: CmMessage) {
@@ -645,6 +884,7 @@ impl Agent {
                 }
             }
             CmMessage::Dreq(d) => self.on_dreq(now, id, state, d),
+            CmMessage::SidrRep(r) => self.on_sidr_rep(now, id, state, *r),
             CmMessage::Drep(d) => {
                 if state == State::DreqSent {
                     self.enter_timewait(now, id, d.private_data);
@@ -652,7 +892,7 @@ impl Agent {
                     self.counters.duplicates += 1;
                 }
             }
-            CmMessage::Req(_) => {}
+            CmMessage::Req(_) | CmMessage::SidrReq(_) => {}
         }
     }
 
@@ -793,6 +1033,9 @@ impl Agent {
             }
             State::Established | State::DreqSent => self.enter_timewait(now, id, Vec::new()),
             State::TimeWait => self.counters.duplicates += 1,
+            State::SidrReqSent | State::SidrReqRcvd | State::SidrAnswered => {
+                self.counters.stray += 1
+            }
         }
     }
 
@@ -857,7 +1100,11 @@ impl Agent {
                     self.remove(id);
                     self.events.push_back(CmEvent::TimewaitExit { conn: id });
                 }
-                State::ReqSent | State::MraRcvd | State::RepSent | State::DreqSent
+                State::ReqSent
+                | State::MraRcvd
+                | State::RepSent
+                | State::DreqSent
+                | State::SidrReqSent
                     if c.retries_left > 0 =>
                 {
                     c.retries_left -= 1;
@@ -891,7 +1138,13 @@ impl Agent {
                     self.remove(id);
                     self.events.push_back(CmEvent::Unreachable { conn: id });
                 }
-                State::ReqRcvd | State::Established | State::RepRcvd => {}
+                State::SidrReqSent => {
+                    self.counters.timeouts += 1;
+                    self.remove(id);
+                    self.events.push_back(CmEvent::Unreachable { conn: id });
+                }
+                State::SidrAnswered => self.remove(id),
+                State::ReqRcvd | State::Established | State::RepRcvd | State::SidrReqRcvd => {}
             }
         }
     }

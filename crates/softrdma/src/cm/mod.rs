@@ -11,7 +11,9 @@
 //! RTU set-up with MRA for a slow listener, REJ (no listener, consumer reject, timeout), DREQ
 //! → DREP teardown and time-wait; retries of REQ, REP and DREQ after the response timeouts,
 //! duplicates answered from state (a duplicate REQ gets the REP again, a duplicate REP the
-//! RTU, a duplicate DREQ the DREP). Messages must come from the address the connection
+//! RTU, a duplicate DREQ the DREP). For rdma_cm's UDP port space it resolves service IDs to
+//! UD QPs: SIDR_REQ → SIDR_REP, retried like a REQ, a duplicate SIDR_REQ answered with the
+//! same SIDR_REP for a time-wait. Messages must come from the address the connection
 //! was made with and carry both communication IDs, so an off-path sender has to guess a
 //! random 32-bit ID as well as the peer's address.
 
@@ -21,5 +23,5 @@ mod types;
 pub use agent::Agent;
 pub use types::{
     AcceptParams, AgentConfig, CmCounters, CmEvent, CmTransmit, ConnId, ConnectParams, Error,
-    PeerParams,
+    PeerParams, SidrAnswer, SidrParams,
 };

@@ -139,6 +139,31 @@ pub struct PeerParams {
     pub private_data: Vec<u8>,
 }
 
+/// What an active side asks for in a SIDR_REQ (rdma_cm's UDP port space: which UD QP serves
+/// a service).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidrParams {
+    /// The peer's IP address (its QP1 is there).
+    pub peer: IpAddr,
+    /// The service asked for.
+    pub service_id: u64,
+    /// The SIDR_REQ's private data (up to 216 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// What a passive side answers a SIDR_REQ with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidrAnswer {
+    /// `wire::cm::sidr_status` (SUCCESS gives the QP and Q_Key).
+    pub status: u8,
+    /// The UD QP serving the service.
+    pub qpn: u32,
+    /// The Q_Key to send to it with.
+    pub qkey: u32,
+    /// The SIDR_REP's private data (up to 136 bytes).
+    pub private_data: Vec<u8>,
+}
+
 /// What happened, for the application.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmEvent {
@@ -186,6 +211,50 @@ pub enum CmEvent {
         /// The connection.
         conn: ConnId,
     },
+    /// A SIDR_REQ for a service this side listens on; answer with `sidr_answer` (or
+    /// `reject`, or `destroy`: both answer REJECT).
+    SidrRequest {
+        /// The resolution (gone once answered).
+        conn: ConnId,
+        /// Where the SIDR_REQ came from.
+        peer: IpAddr,
+        /// The service asked for.
+        service_id: u64,
+        /// The SIDR_REQ's private data (all 216 bytes).
+        private_data: Vec<u8>,
+    },
+    /// The SIDR_REP of a `sidr_request` arrived (the resolution is gone now; a peer that
+    /// never answers ends in `Unreachable`).
+    SidrReply {
+        /// The resolution.
+        conn: ConnId,
+        /// Where the SIDR_REP came from.
+        peer: IpAddr,
+        /// `wire::cm::sidr_status`.
+        status: u8,
+        /// The peer's UD QP (status SUCCESS).
+        qpn: u32,
+        /// Its Q_Key.
+        qkey: u32,
+        /// The SIDR_REP's private data (all 136 bytes).
+        private_data: Vec<u8>,
+    },
+}
+
+impl CmEvent {
+    /// The connection (or resolution) the event is about.
+    pub fn conn(&self) -> ConnId {
+        match self {
+            CmEvent::ConnectRequest { conn, .. }
+            | CmEvent::Established { conn, .. }
+            | CmEvent::Rejected { conn, .. }
+            | CmEvent::Unreachable { conn }
+            | CmEvent::Disconnected { conn, .. }
+            | CmEvent::TimewaitExit { conn }
+            | CmEvent::SidrRequest { conn, .. }
+            | CmEvent::SidrReply { conn, .. } => *conn,
+        }
+    }
 }
 
 /// A MAD to send to QP1 at `dst`.
@@ -229,6 +298,9 @@ pub struct CmCounters {
     pub sent: u64,
     /// MADs that did not parse as CM messages (dropped).
     pub bad: u64,
+    /// Gets and Sets (e.g. of ClassPortInfo) answered "unsupported method/attribute", as
+    /// Linux's MAD layer answers what no agent takes.
+    pub unsupported: u64,
     /// Messages for no connection of ours, or from the wrong address or with the wrong
     /// communication ID (dropped, or answered as Linux does: DREP for DREQ, REJ for REP).
     pub stray: u64,
@@ -238,6 +310,7 @@ pub struct CmCounters {
     pub retries: u64,
     /// REQs and REPs given up on after every retry.
     pub timeouts: u64,
-    /// REQs rejected because nobody listens on their service.
+    /// REQs rejected (and SIDR_REQs answered "not supported") because nobody listens on
+    /// their service.
     pub no_listener: u64,
 }

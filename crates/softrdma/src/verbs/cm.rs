@@ -19,9 +19,12 @@ use super::{
     Access, Ah, CompChannel, Cq, Device, Mr, Pd, Qp, QpAttr, QpInitAttr, QpType, RecvWr, SendWr,
     VerbsError, WcOpcode, WcStatus, WorkCompletion, WrOpcode, random_psn,
 };
-use crate::cm::{AcceptParams, Agent, AgentConfig, CmEvent, ConnId, ConnectParams, PeerParams};
+use crate::cm::{
+    AcceptParams, Agent, AgentConfig, CmEvent, ConnId, ConnectParams, PeerParams, SidrAnswer,
+    SidrParams,
+};
 use crate::rc::{GRH_LEN, Mtu, unreliable::grh_source};
-use crate::wire::cm::CmPath;
+use crate::wire::cm::{CmPath, rej_reason};
 use crate::wire::cma::{CMA_HDR_LEN, CmaHdr, PortSpace};
 use crate::wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
 
@@ -446,6 +449,17 @@ impl RawCm<'_> {
         self.with(|a, _| a.destroy(id))
     }
 
+    /// Send a SIDR_REQ (rdma_cm's UDP port space); `SidrReply` or `Unreachable` goes to the
+    /// hook.
+    pub fn sidr_request(&self, p: SidrParams) -> Result<ConnId, CmError> {
+        self.with(|a, now| a.sidr_request(now, p))
+    }
+
+    /// Answer a `SidrRequest` with a SIDR_REP.
+    pub fn sidr_answer(&self, id: ConnId, answer: SidrAnswer) -> Result<(), CmError> {
+        self.with(|a, now| a.sidr_answer(now, id, answer))
+    }
+
     /// Send the RTU of a connection made with `defer_rtu` (its QP is up now).
     pub fn establish(&self, id: ConnId) -> Result<(), CmError> {
         self.with(|a, _| a.establish(id))
@@ -774,15 +788,22 @@ impl Inner {
                         }
                     }
                 }
+                CmEvent::SidrRequest {
+                    conn, service_id, ..
+                } if !s.raw_services.contains(&service_id) || s.hook.is_none() => {
+                    let _ = s
+                        .agent
+                        .reject_with(conn, rej_reason::INVALID_SERVICE_ID, &[]);
+                }
+                CmEvent::SidrRequest { conn, .. } => {
+                    if let Some(h) = &s.hook
+                        && let HookVerdict::Reject(reason) = h(e)
+                    {
+                        let _ = s.agent.reject_with(conn, reason, &[]);
+                    }
+                }
                 e => {
-                    let id = match &e {
-                        CmEvent::Established { conn, .. }
-                        | CmEvent::Rejected { conn, .. }
-                        | CmEvent::Unreachable { conn }
-                        | CmEvent::Disconnected { conn, .. }
-                        | CmEvent::TimewaitExit { conn }
-                        | CmEvent::ConnectRequest { conn, .. } => *conn,
-                    };
+                    let id = e.conn();
                     if let Some(q) = s.events.get_mut(&id) {
                         q.push_back(e);
                     } else if let Some(h) = &s.hook {

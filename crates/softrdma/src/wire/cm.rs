@@ -1,5 +1,6 @@
-//! The Communication Manager's messages (IBTA 12.6): REQ, MRA, REJ, REP, RTU, DREQ, DREP,
-//! the class data of CM MADs (management class 0x07, method Send).
+//! The Communication Manager's messages (IBTA 12.6, 12.11): REQ, MRA, REJ, REP, RTU, DREQ,
+//! DREP and the service ID resolution pair SIDR_REQ/SIDR_REP (rdma_cm's UDP port space), the
+//! class data of CM MADs (management class 0x07, method Send).
 //!
 //! [`CmMessage::parse`] takes the 232 bytes after the MAD header and the attribute ID;
 //! [`CmMessage::emit`] writes them back, reserved bits zero. Private data is always the whole
@@ -84,8 +85,8 @@ pub const ATTRS: [AttrInfo; 11] = [
     a(attr::RTU, "ReadyToUse", 8, true),
     a(attr::DREQ, "DisconnectRequest", 12, true),
     a(attr::DREP, "DisconnectReply", 8, true),
-    a(attr::SIDR_REQ, "ServiceIDResReq", 16, false),
-    a(attr::SIDR_REP, "ServiceIDResReqResp", 136, false),
+    a(attr::SIDR_REQ, "ServiceIDResReq", 16, true),
+    a(attr::SIDR_REP, "ServiceIDResReqResp", 96, true),
     a(attr::LAP, "LoadAlternatePath", 136, false),
 ];
 
@@ -151,6 +152,22 @@ pub mod rej_reason {
     pub const CONSUMER_DEFINED: u16 = 28;
     /// Invalid class version.
     pub const INVALID_CLASS_VERSION: u16 = 31;
+}
+
+/// SIDR_REP status values (IBTA table 12.11.2).
+pub mod sidr_status {
+    /// The QP and Q_Key are valid.
+    pub const SUCCESS: u8 = 0;
+    /// Nobody serves the service ID.
+    pub const SID_NOT_SUPPORTED: u8 = 1;
+    /// The service provider refused.
+    pub const REJECT: u8 = 2;
+    /// No QP available.
+    pub const NO_QP: u8 = 3;
+    /// Ask elsewhere (the additional information says where).
+    pub const REDIRECT: u8 = 4;
+    /// The class version is not supported.
+    pub const UNSUPPORTED_VERSION: u8 = 5;
 }
 
 /// One path of a REQ (primary or alternate; IBTA 12.6.5).
@@ -392,6 +409,40 @@ pub struct Dreq {
     pub private_data: Vec<u8>,
 }
 
+/// ServiceIDResolutionRequest: which UD QP and Q_Key serve a service ID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidrReq {
+    /// The requester's ID for this resolution (the reply carries it back).
+    pub request_id: u32,
+    /// Partition key.
+    pub pkey: u16,
+    /// The service asked for.
+    pub service_id: u64,
+    /// Private data (216 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// ServiceIDResolutionResponse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidrRep {
+    /// The request's ID.
+    pub request_id: u32,
+    /// [`sidr_status`].
+    pub status: u8,
+    /// Bytes of `info` that are valid.
+    pub info_len: u8,
+    /// The QP serving the service (status SUCCESS).
+    pub qpn: u32,
+    /// The service.
+    pub service_id: u64,
+    /// The Q_Key to send to it with.
+    pub qkey: u32,
+    /// Additional information (a ClassPortInfo for REDIRECT).
+    pub info: [u8; 72],
+    /// Private data (136 bytes).
+    pub private_data: Vec<u8>,
+}
+
 /// A CM message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmMessage {
@@ -409,6 +460,10 @@ pub enum CmMessage {
     Dreq(Dreq),
     /// DisconnectReply.
     Drep(Ids),
+    /// ServiceIDResolutionRequest.
+    SidrReq(Box<SidrReq>),
+    /// ServiceIDResolutionResponse.
+    SidrRep(Box<SidrRep>),
 }
 
 fn private(b: &[u8], id: u16) -> Vec<u8> {
@@ -437,12 +492,16 @@ impl CmMessage {
             CmMessage::Rtu(_) => attr::RTU,
             CmMessage::Dreq(_) => attr::DREQ,
             CmMessage::Drep(_) => attr::DREP,
+            CmMessage::SidrReq(_) => attr::SIDR_REQ,
+            CmMessage::SidrRep(_) => attr::SIDR_REP,
         }
     }
 
-    /// The sender's communication ID.
+    /// The sender's communication ID (a SIDR_REQ's request ID; 0 for a SIDR_REP).
     pub fn local_comm_id(&self) -> u32 {
         match self {
+            CmMessage::SidrReq(m) => m.request_id,
+            CmMessage::SidrRep(_) => 0,
             CmMessage::Req(m) => m.local_comm_id,
             CmMessage::Mra(m) => m.local_comm_id,
             CmMessage::Rej(m) => m.local_comm_id,
@@ -452,10 +511,11 @@ impl CmMessage {
         }
     }
 
-    /// The receiver's communication ID (0 for a REQ).
+    /// The receiver's communication ID (0 for a REQ or SIDR_REQ; a SIDR_REP's request ID).
     pub fn remote_comm_id(&self) -> u32 {
         match self {
-            CmMessage::Req(_) => 0,
+            CmMessage::Req(_) | CmMessage::SidrReq(_) => 0,
+            CmMessage::SidrRep(m) => m.request_id,
             CmMessage::Mra(m) => m.remote_comm_id,
             CmMessage::Rej(m) => m.remote_comm_id,
             CmMessage::Rep(m) => m.remote_comm_id,
@@ -562,6 +622,30 @@ impl CmMessage {
                 remote_qpn: get_u24(b, 8..11),
                 private_data: private(b, id),
             }),
+            attr::SIDR_REQ => CmMessage::SidrReq(Box::new(SidrReq {
+                request_id: ids.0,
+                pkey: get_u16(b, 4..6),
+                service_id: get_u64(b, 8..16),
+                private_data: private(b, id),
+            })),
+            attr::SIDR_REP => {
+                let info_len = b[5];
+                if usize::from(info_len) > 72 {
+                    return Err(Error::BadMad("SIDR_REP info length"));
+                }
+                let mut info = [0u8; 72];
+                info.copy_from_slice(&b[24..96]);
+                CmMessage::SidrRep(Box::new(SidrRep {
+                    request_id: ids.0,
+                    status: b[4],
+                    info_len,
+                    qpn: get_u24(b, 8..11),
+                    service_id: get_u64(b, 12..20),
+                    qkey: get_u32(b, 20..24),
+                    info,
+                    private_data: private(b, id),
+                }))
+            }
             _ => return Err(Error::BadMad("unsupported CM attribute")),
         })
     }
@@ -576,9 +660,31 @@ impl CmMessage {
         }
         let b = &mut b[..MAD_DATA_LEN];
         b.fill(0);
+        let at = attr_info(self.attr_id()).map_or(MAD_DATA_LEN, |i| i.private_at);
+        match self {
+            CmMessage::SidrReq(m) => {
+                set_u32(b, 0..4, m.request_id);
+                set_u16(b, 4..6, m.pkey);
+                set_u64(b, 8..16, m.service_id);
+                return put_private(b, at, &m.private_data);
+            }
+            CmMessage::SidrRep(m) => {
+                if usize::from(m.info_len) > m.info.len() {
+                    return Err(Error::FieldRange("info_len"));
+                }
+                set_u32(b, 0..4, m.request_id);
+                b[4] = m.status;
+                b[5] = m.info_len;
+                set_u24(b, 8..11, u24(m.qpn, "qpn")?);
+                set_u64(b, 12..20, m.service_id);
+                set_u32(b, 20..24, m.qkey);
+                b[24..96].copy_from_slice(&m.info);
+                return put_private(b, at, &m.private_data);
+            }
+            _ => {}
+        }
         set_u32(b, 0..4, self.local_comm_id());
         set_u32(b, 4..8, self.remote_comm_id());
-        let at = attr_info(self.attr_id()).map_or(MAD_DATA_LEN, |i| i.private_at);
         match self {
             CmMessage::Req(m) => {
                 set_u64(b, 8..16, m.service_id);
@@ -645,6 +751,7 @@ impl CmMessage {
                 set_u24(b, 8..11, u24(m.remote_qpn, "remote_qpn")?);
                 put_private(b, at, &m.private_data)
             }
+            CmMessage::SidrReq(_) | CmMessage::SidrRep(_) => Ok(()),
         }
     }
 }
@@ -802,6 +909,22 @@ mod tests {
                 remote_comm_id: 12,
                 private_data: vec![6; 224],
             }),
+            CmMessage::SidrReq(Box::new(SidrReq {
+                request_id: 13,
+                pkey: 0xffff,
+                service_id: 0x0000_0000_0111_4a2b,
+                private_data: vec![7; 216],
+            })),
+            CmMessage::SidrRep(Box::new(SidrRep {
+                request_id: 14,
+                status: sidr_status::SUCCESS,
+                info_len: 72,
+                qpn: 0xfedcba,
+                service_id: 0x0000_0000_0111_4a2b,
+                qkey: 0x0123_4567,
+                info: [8; 72],
+                private_data: vec![9; 136],
+            })),
         ];
         for m in msgs {
             let mut b = [0xaau8; MAD_DATA_LEN];
@@ -849,6 +972,13 @@ mod tests {
             CmMessage::parse(attr::LAP, &b),
             Err(Error::BadMad("unsupported CM attribute"))
         );
+        // A SIDR_REP whose info length is past the info.
+        b[5] = 73;
+        assert_eq!(
+            CmMessage::parse(attr::SIDR_REP, &b),
+            Err(Error::BadMad("SIDR_REP info length"))
+        );
+        b[5] = 0;
         b[8] = 3 << 6;
         assert_eq!(
             CmMessage::parse(attr::MRA, &b),

@@ -160,6 +160,26 @@ impl MadHeaderRepr {
     }
 }
 
+/// The subnet management classes (LID-routed and directed-route): QP0's, never QP1's.
+const SMP_CLASSES: [u8; 2] = [0x01, 0x81];
+
+/// What Linux's MAD layer answers to a request nobody on QP1 takes: a Get or Set comes back
+/// whole as a GetResp with status "unsupported method/attribute combination" (a
+/// ClassPortInfo Get to the CM is one: Linux's CM takes only Send). `None` for anything else
+/// (responses, Sends, subnet management MADs, other base versions, short MADs): dropped.
+pub fn unmatched_response(req: &[u8]) -> Option<[u8; MAD_LEN]> {
+    let b: &[u8; MAD_LEN] = req.get(..MAD_LEN)?.try_into().ok()?;
+    let h = MadHeaderRepr::parse(&MadHeader::new_checked(&b[..]).ok()?).ok()?;
+    if !(h.method == method::GET || h.method == method::SET) || SMP_CLASSES.contains(&h.mgmt_class)
+    {
+        return None;
+    }
+    let mut out = *b;
+    out[field::METHOD] = method::GET_RESP;
+    set_u16(&mut out, field::STATUS, status::METHOD_ATTR_UNSUPPORTED);
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +211,44 @@ mod tests {
         let h = MadHeader::new_checked(&b[..]).unwrap();
         assert_eq!(MadHeaderRepr::parse(&h), Err(Error::BadMad("base version")));
         assert!(MadHeader::new_checked(&b[..23]).is_err());
+    }
+
+    #[test]
+    fn an_unmatched_get_or_set_is_answered_unsupported_and_nothing_else() {
+        let mut get = [0u8; MAD_LEN];
+        MadHeaderRepr {
+            mgmt_class: CLASS_CM,
+            class_version: CM_CLASS_VERSION,
+            method: method::GET,
+            status: 0,
+            class_specific: 0,
+            tid: 42,
+            attr_id: 0x0001, // ClassPortInfo
+            attr_mod: 0,
+        }
+        .emit(&mut MadHeader::new_unchecked(&mut get[..MAD_HEADER_LEN]));
+        get[100] = 0x77;
+        let resp = unmatched_response(&get).unwrap();
+        let h = MadHeaderRepr::parse(&MadHeader::new_checked(&resp[..]).unwrap()).unwrap();
+        assert_eq!(
+            (h.method, h.status, h.tid, h.attr_id),
+            (method::GET_RESP, status::METHOD_ATTR_UNSUPPORTED, 42, 1)
+        );
+        assert_eq!(resp[100], 0x77, "the request comes back whole");
+        let mut set = get;
+        set[field::METHOD] = method::SET;
+        assert!(unmatched_response(&set).is_some());
+        for (at, v) in [
+            (field::METHOD, method::SEND),
+            (field::METHOD, method::GET_RESP),
+            (field::MGMT_CLASS, 0x81),
+            (field::MGMT_CLASS, 0x01),
+            (field::BASE_VERSION, 2),
+        ] {
+            let mut m = get;
+            m[at] = v;
+            assert_eq!(unmatched_response(&m), None, "byte {at} = {v:#x}");
+        }
+        assert_eq!(unmatched_response(&get[..255]), None);
     }
 }

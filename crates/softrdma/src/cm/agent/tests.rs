@@ -127,6 +127,18 @@ impl Net {
                 self.b_qpn += 1;
                 self.b.accept(self.now, *conn, p).unwrap();
             }
+            if let CmEvent::SidrRequest { conn, .. } = &e
+                && self.b_accepts
+            {
+                let a = SidrAnswer {
+                    status: sidr_status::SUCCESS,
+                    qpn: self.b_qpn,
+                    qkey: 0x0123_4567,
+                    private_data: b"sidr".to_vec(),
+                };
+                self.b_qpn += 1;
+                self.b.sidr_answer(self.now, *conn, a).unwrap();
+            }
             self.b_events.push(e);
             moved = true;
         }
@@ -181,6 +193,8 @@ fn kinds(ev: &[CmEvent]) -> Vec<&'static str> {
             CmEvent::Unreachable { .. } => "unreachable",
             CmEvent::Disconnected { .. } => "disconnected",
             CmEvent::TimewaitExit { .. } => "timewait-exit",
+            CmEvent::SidrRequest { .. } => "sidr-request",
+            CmEvent::SidrReply { .. } => "sidr-reply",
         })
         .collect()
 }
@@ -679,4 +693,180 @@ fn a_deferred_rtu_goes_on_establish_and_a_lost_one_is_resent() {
     n.run(1_000_000_000);
     assert_eq!(kinds(&n.b_events), ["request", "rejected"]);
     assert_eq!((n.a.conn_count(), n.b.conn_count()), (0, 0));
+}
+
+fn sidr_params() -> SidrParams {
+    SidrParams {
+        peer: B,
+        service_id: SID,
+        private_data: b"udp".to_vec(),
+    }
+}
+
+/// Resolve SID at B; A gets one reply with B's QP and Q_Key, B one request, and both hold
+/// nothing once B's time-wait is over.
+fn resolve(fate: impl FnMut(usize, u16) -> Fate + 'static) -> Net {
+    let mut n = Net::new(fate);
+    let id = n.a.sidr_request(n.now, sidr_params()).unwrap();
+    n.run(10_000_000_000);
+    assert_eq!(kinds(&n.a_events), ["sidr-reply"], "{:?}", n.a_events);
+    assert_eq!(kinds(&n.b_events), ["sidr-request"], "{:?}", n.b_events);
+    let CmEvent::SidrReply {
+        conn,
+        peer,
+        status,
+        qpn,
+        qkey,
+        private_data,
+    } = &n.a_events[0]
+    else {
+        panic!()
+    };
+    assert_eq!((*conn, *peer, *status), (id, B, sidr_status::SUCCESS));
+    assert_eq!((*qpn, *qkey), (0x200, 0x0123_4567));
+    assert_eq!(&private_data[..4], b"sidr");
+    let CmEvent::SidrRequest {
+        peer,
+        service_id,
+        private_data,
+        ..
+    } = &n.b_events[0]
+    else {
+        panic!()
+    };
+    assert_eq!((*peer, *service_id), (A, SID));
+    assert_eq!(private_data.len(), 216);
+    assert_eq!(&private_data[..3], b"udp");
+    assert_eq!((n.a.conn_count(), n.b.conn_count()), (0, 0));
+    assert_eq!((n.a.next_timeout(), n.b.next_timeout()), (None, None));
+    n
+}
+
+#[test]
+fn a_service_id_resolves_to_the_peers_ud_qp() {
+    let n = resolve(|_, _| Fate::Deliver);
+    // SIDR_REQ and SIDR_REP, nothing more.
+    assert_eq!(n.sent, 2);
+}
+
+#[test]
+fn sidr_with_each_message_lost_duplicated_or_reordered_once() {
+    for fate in [Fate::Drop, Fate::Duplicate, Fate::Delay] {
+        for k in 0..2 {
+            let mut hit = false;
+            let n = resolve(move |i, _| {
+                if i == k && !hit {
+                    hit = true;
+                    fate
+                } else {
+                    Fate::Deliver
+                }
+            });
+            if fate == Fate::Drop {
+                assert!(
+                    n.a.counters().retries >= 1,
+                    "message {k} lost, nothing resent"
+                );
+            }
+        }
+    }
+    // The SIDR_REP lost three times: the duplicate SIDR_REQs get it again, the application
+    // hears of the request once.
+    let mut drops = 0;
+    let n = resolve(move |_, a| {
+        if a == attr::SIDR_REP && drops < 3 {
+            drops += 1;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    assert_eq!(n.b.counters().duplicates, 3);
+}
+
+#[test]
+fn sidr_refusals_and_silence() {
+    // Nobody listens: "not supported" at once.
+    let mut n = Net::new(|_, _| Fate::Deliver);
+    let mut p = sidr_params();
+    p.service_id = SID + 1;
+    n.a.sidr_request(n.now, p).unwrap();
+    n.run(1_000_000_000);
+    assert!(
+        matches!(
+            n.a_events[..],
+            [CmEvent::SidrReply {
+                status: sidr_status::SID_NOT_SUPPORTED,
+                qpn: 0,
+                ..
+            }]
+        ),
+        "{:?}",
+        n.a_events
+    );
+    // The application refuses (reject) or goes away (destroy): REJECT with its data.
+    for destroy in [false, true] {
+        let mut n = Net::new(|_, _| Fate::Deliver);
+        n.b_accepts = false;
+        n.a.sidr_request(n.now, sidr_params()).unwrap();
+        n.run(1_000_000);
+        let Some(CmEvent::SidrRequest { conn, .. }) = n.b_events.first().cloned() else {
+            panic!("{:?}", n.b_events)
+        };
+        // A REQ-only call does not apply.
+        assert!(matches!(
+            n.b.accept(n.now, conn, AcceptParams::default()),
+            Err(Error::WrongState(_))
+        ));
+        if destroy {
+            n.b.destroy(conn).unwrap();
+        } else {
+            n.b.reject(conn, b"no").unwrap();
+        }
+        n.run(1_000_000_000);
+        let [
+            CmEvent::SidrReply {
+                status,
+                private_data,
+                ..
+            },
+        ] = &n.a_events[..]
+        else {
+            panic!("{:?}", n.a_events)
+        };
+        assert_eq!(*status, sidr_status::REJECT);
+        assert_eq!(&private_data[..2], if destroy { b"\0\0" } else { b"no" });
+        assert_eq!((n.a.conn_count(), n.b.conn_count()), (0, 0));
+    }
+    // Nobody answers: Unreachable after the retries, and nothing sent after it.
+    let mut n = Net::new(|_, _| Fate::Drop);
+    let id = n.a.sidr_request(n.now, sidr_params()).unwrap();
+    n.run(10_000_000_000);
+    assert_eq!(n.a_events, [CmEvent::Unreachable { conn: id }]);
+    assert_eq!(n.a.counters().retries, 5);
+    assert_eq!(n.a.conn_count(), 0);
+    // A SIDR_REP from another address, or for no resolution, changes nothing.
+    let mut n = Net::new(|_, _| Fate::Drop);
+    let id = n.a.sidr_request(n.now, sidr_params()).unwrap();
+    let mut mad = [0u8; MAD_LEN];
+    let rep = |request_id| CmMad {
+        tid: 1,
+        msg: CmMessage::SidrRep(Box::new(SidrRep {
+            request_id,
+            status: 0,
+            info_len: 0,
+            qpn: 9,
+            service_id: SID,
+            qkey: 9,
+            info: [0; 72],
+            private_data: Vec::new(),
+        })),
+    };
+    rep(id).emit(&mut mad).unwrap();
+    n.a.handle_mad(n.now, IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9)), &mad);
+    rep(id ^ 1).emit(&mut mad).unwrap();
+    n.a.handle_mad(n.now, B, &mad);
+    assert!(n.a.poll_event().is_none());
+    assert_eq!(n.a.counters().stray, 2);
+    assert_eq!(n.a.conn_count(), 1);
 }
