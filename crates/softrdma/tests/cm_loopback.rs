@@ -174,3 +174,105 @@ fn no_listener_and_consumer_reject() {
     }
     server.join().unwrap();
 }
+
+/// Run a future to completion on this thread (the test's executor: the connection manager's
+/// thread wakes it through the waker, which unparks this thread).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let end = std::time::Instant::now() + T;
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "a future not woken within {T:?}"
+        );
+        // Only a wake-up makes progress: a lost one would end the test here.
+        std::thread::park_timeout(T);
+    }
+}
+
+/// The async API, on an executor that only ever runs a task when its waker fires: request,
+/// accept, connect, data, disconnect and the peer's disconnected future all complete; a
+/// connect future dropped before the REP leaves no connection behind.
+#[test]
+fn async_connect_accept_and_disconnect() {
+    let port = 26793;
+    let (tx, rx) = mpsc::channel();
+    let server = std::thread::spawn(move || {
+        let dev = device([127, 0, 0, 6], port);
+        let cm = ConnectionManager::open(&dev).unwrap();
+        let l = cm.listen(7473).unwrap();
+        assert!(l.try_get_request().is_none());
+        tx.send(()).unwrap();
+        block_on(async {
+            let req = l.request().await;
+            assert_eq!(&req.private_data()[..5], b"async");
+            let s = side(&dev);
+            let buf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+            let conn = req
+                .accept_async(&s.qp, &ConnParam::default())
+                .await
+                .unwrap();
+            // (A SEND that comes before the receive meets RNR and is retried.)
+            s.qp.post_recv(&RecvWr {
+                wr_id: 1,
+                sg_list: &[buf.sge(0, 64)],
+            })
+            .unwrap();
+            let wc = one(&s.cq);
+            assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 4));
+            conn.disconnected().await;
+        });
+    });
+    rx.recv().unwrap();
+    let dev = device([127, 0, 0, 5], port);
+    let cm = ConnectionManager::open(&dev).unwrap();
+    let s = side(&dev);
+    let dst = SocketAddr::new(IpAddr::from([127, 0, 0, 6]), 7473);
+    let param = ConnParam {
+        private_data: b"async".to_vec(),
+        ..ConnParam::default()
+    };
+    block_on(async {
+        let conn = cm.connect_async(&s.qp, dst, &param).await.unwrap();
+        let buf = s.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        buf.write(0, b"ping").unwrap();
+        s.qp.post_send(&SendWr::new(2, WrOpcode::Send).sg(&[buf.sge(0, 4)]))
+            .unwrap();
+        assert_eq!(one(&s.cq).status, WcStatus::Success);
+        conn.disconnect_async().await.unwrap();
+    });
+    server.join().unwrap();
+    // A connect future dropped while it waits (nobody answers at this address): the REQ's
+    // connection is gone with it.
+    let qp = s.pd.create_qp(&QpInitAttr::new(&s.cq)).unwrap();
+    let silent = SocketAddr::new(IpAddr::from([127, 0, 0, 7]), 7473);
+    let mut f = Box::pin(cm.connect_async(&qp, silent, &param));
+    let waker = std::task::Waker::noop();
+    assert!(
+        f.as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_pending()
+    );
+    drop(f);
+    let deadline = std::time::Instant::now() + T;
+    assert_eq!(
+        cm.conn_count(),
+        0,
+        "the dropped connect left its connection"
+    );
+    while cm.counters().sent < 1 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", cm.counters());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

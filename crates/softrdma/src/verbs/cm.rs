@@ -1,6 +1,8 @@
 //! The connection manager of a device: the CM ([`crate::cm::Agent`]) on the device's QP1,
-//! driven by a thread of its own, and a blocking API over it in rdma_cm's terms (listen on
-//! a port, connect to an address and port, accept or reject a request, disconnect), so that
+//! driven by a thread of its own, and an API over it in rdma_cm's terms (listen on a port,
+//! connect to an address and port, accept or reject a request, disconnect), blocking with
+//! timeouts or as futures for async code (`connect_async`, `Listener::request`,
+//! `accept_async`, `disconnect_async`; any executor: the manager's thread wakes them), so that
 //! Rust programs connect RC QPs the way librdmacm programs do, and with the same messages
 //! on the wire (REQ/REP/RTU with rdma_cm's IP header, DREQ/DREP).
 //!
@@ -12,6 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -105,6 +108,8 @@ struct Shared {
     hook: Option<CmHook>,
     /// Services listened on through the low-level interface.
     raw_services: std::collections::HashSet<u64>,
+    /// Tasks waiting in a future of the async API; woken whenever events are handed out.
+    wakers: Vec<Waker>,
 }
 
 /// Receives the events of connections made through the low-level interface
@@ -251,6 +256,7 @@ impl ConnectionManager {
                 free_sends: (0..SEND_SLOTS).collect(),
                 hook: None,
                 raw_services: std::collections::HashSet::new(),
+                wakers: Vec::new(),
             }),
             cond: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -267,6 +273,11 @@ impl ConnectionManager {
     /// The device.
     pub fn device(&self) -> &Device {
         &self.inner.dev
+    }
+
+    /// Connections (and resolutions) the CM holds, time-wait included.
+    pub fn conn_count(&self) -> usize {
+        lock(&self.inner.shared).agent.conn_count()
     }
 
     /// What the CM counted.
@@ -293,6 +304,33 @@ impl ConnectionManager {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<Connection<'_>, CmError> {
+        let (conn, rq_psn) = self.send_req(qp, dst, param)?;
+        let e = self.inner.wait_event(conn.id, timeout)?;
+        conn.on_rep(qp, e, rq_psn, param)
+    }
+
+    /// [`ConnectionManager::connect`] for async code: the future ends when the connection is
+    /// up or refused (no timeout of its own: wrap it in the runtime's). Dropping it before
+    /// then abandons the connection (the peer is told, as when a [`Connection`] drops).
+    pub async fn connect_async(
+        &self,
+        qp: &Qp,
+        dst: SocketAddr,
+        param: &ConnParam,
+    ) -> Result<Connection<'_>, CmError> {
+        let (conn, rq_psn) = self.send_req(qp, dst, param)?;
+        let e = std::future::poll_fn(|cx| self.inner.poll_event(conn.id, cx)).await;
+        conn.on_rep(qp, e, rq_psn, param)
+    }
+
+    /// Send the REQ of a connect; returns the connection (not yet up) and the PSN it
+    /// advertised.
+    fn send_req(
+        &self,
+        qp: &Qp,
+        dst: SocketAddr,
+        param: &ConnParam,
+    ) -> Result<(Connection<'_>, u32), CmError> {
         let dev = &self.inner.dev;
         let src = dev.addr();
         let mut private = vec![0u8; CMA_HDR_LEN];
@@ -320,17 +358,10 @@ impl ConnectionManager {
             rnr_retry_count: param.rnr_retry_count.min(7),
             srq: false,
             transport: 0,
-            path: CmPath {
-                local_lid: 0xffff,
-                remote_lid: 0xffff,
-                local_gid: gid_of(src),
-                remote_gid: gid_of(dst.ip()),
-                hop_limit: 64,
-                local_ack_timeout: 14,
-                ..CmPath::default()
-            },
+            path: self.path_to(dst.ip()),
             private_data: private,
-            // The RTU goes once `qp` is up (below), so the peer's first packets find it ready.
+            // The RTU goes once `qp` is up (`on_rep`), so the peer's first packets find it
+            // ready.
             defer_rtu: true,
         };
         let id = {
@@ -341,24 +372,13 @@ impl ConnectionManager {
             self.inner.flush(&mut s);
             id
         };
-        let mut conn = Connection {
+        let conn = Connection {
             cm: self,
             id,
             peer: dst.ip(),
             private_data: Vec::new(),
         };
-        match self.inner.wait_event(id, timeout)? {
-            CmEvent::Established {
-                params: Some(rep), ..
-            } => {
-                let a = rc_attr(mtu, &rep, rq_psn, param, param.retry_count.min(7));
-                qp.connect(dst.ip(), &a)?;
-                self.raw().establish(id)?;
-                conn.private_data = rep.private_data;
-                Ok(conn)
-            }
-            e => Err(conn.fail(e)),
-        }
+        Ok((conn, rq_psn))
     }
 }
 
@@ -494,16 +514,8 @@ impl<'a> Listener<'a> {
         let deadline = Instant::now() + timeout;
         let mut s = lock(&inner.shared);
         loop {
-            if let Some((id, peer, params)) =
-                s.requests.get_mut(&self.port).and_then(|q| q.pop_front())
-            {
-                s.events.insert(id, VecDeque::new());
-                return Ok(ConnRequest {
-                    cm: self.cm,
-                    id,
-                    peer,
-                    params,
-                });
+            if let Some(r) = self.take_request(&mut s) {
+                return Ok(r);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -515,6 +527,37 @@ impl<'a> Listener<'a> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+    }
+
+    /// The next connection request, if one is waiting.
+    pub fn try_get_request(&self) -> Option<ConnRequest<'a>> {
+        self.take_request(&mut lock(&self.cm.inner.shared))
+    }
+
+    /// [`Listener::get_request`] for async code: the future ends with the next request.
+    pub async fn request(&self) -> ConnRequest<'a> {
+        std::future::poll_fn(|cx| {
+            let mut s = lock(&self.cm.inner.shared);
+            match self.take_request(&mut s) {
+                Some(r) => Poll::Ready(r),
+                None => {
+                    Inner::register(&mut s, cx);
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    fn take_request(&self, s: &mut Shared) -> Option<ConnRequest<'a>> {
+        let (id, peer, params) = s.requests.get_mut(&self.port)?.pop_front()?;
+        s.events.insert(id, VecDeque::new());
+        Some(ConnRequest {
+            cm: self.cm,
+            id,
+            peer,
+            params,
+        })
     }
 }
 
@@ -557,11 +600,26 @@ impl<'a> ConnRequest<'a> {
     /// Accept with the fresh RC QP `qp`: it is brought to RTS toward the requester, the REP
     /// sent, and the RTU awaited (up to `timeout`).
     pub fn accept(
-        mut self,
+        self,
         qp: &Qp,
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<Connection<'a>, CmError> {
+        let conn = self.send_rep(qp, param)?;
+        let e = conn.cm.inner.wait_event(conn.id, timeout)?;
+        conn.on_rtu(e)
+    }
+
+    /// [`ConnRequest::accept`] for async code: the future ends when the RTU arrives (or the
+    /// connection fails); dropping it before then abandons the connection.
+    pub async fn accept_async(self, qp: &Qp, param: &ConnParam) -> Result<Connection<'a>, CmError> {
+        let conn = self.send_rep(qp, param)?;
+        let e = std::future::poll_fn(|cx| conn.cm.inner.poll_event(conn.id, cx)).await;
+        conn.on_rtu(e)
+    }
+
+    /// Bring `qp` to RTS toward the requester and send the REP.
+    fn send_rep(mut self, qp: &Qp, param: &ConnParam) -> Result<Connection<'a>, CmError> {
         let p = &self.params;
         let rq_psn = random_psn();
         let mtu = mtu_of(p.path_mtu).min(self.cm.inner.dev.config().active_mtu);
@@ -574,28 +632,23 @@ impl<'a> ConnRequest<'a> {
             peer: self.peer,
             private_data: Vec::new(),
         };
-        {
-            let mut s = lock(&self.cm.inner.shared);
-            let now = self.cm.inner.now();
-            s.agent.accept(
-                now,
-                id,
-                AcceptParams {
-                    qpn: qp.qp_num(),
-                    starting_psn: rq_psn,
-                    responder_resources: param.responder_resources,
-                    initiator_depth: param.initiator_depth,
-                    rnr_retry_count: param.rnr_retry_count.min(7),
-                    srq: false,
-                    private_data: param.private_data.clone(),
-                },
-            )?;
-            self.cm.inner.flush(&mut s);
-        }
-        match self.cm.inner.wait_event(id, timeout)? {
-            CmEvent::Established { .. } => Ok(conn),
-            e => Err(conn.fail(e)),
-        }
+        let mut s = lock(&self.cm.inner.shared);
+        let now = self.cm.inner.now();
+        s.agent.accept(
+            now,
+            id,
+            AcceptParams {
+                qpn: qp.qp_num(),
+                starting_psn: rq_psn,
+                responder_resources: param.responder_resources,
+                initiator_depth: param.initiator_depth,
+                rnr_retry_count: param.rnr_retry_count.min(7),
+                srq: false,
+                private_data: param.private_data.clone(),
+            },
+        )?;
+        self.cm.inner.flush(&mut s);
+        Ok(conn)
     }
 
     /// Reject with private data (up to 148 bytes).
@@ -640,6 +693,37 @@ impl Connection<'_> {
         &self.private_data
     }
 
+    /// The active side's answer `e`: on the REP, `qp` to RTS toward the peer and the RTU.
+    fn on_rep(
+        mut self,
+        qp: &Qp,
+        e: CmEvent,
+        rq_psn: u32,
+        param: &ConnParam,
+    ) -> Result<Self, CmError> {
+        match e {
+            CmEvent::Established {
+                params: Some(rep), ..
+            } => {
+                let mtu = self.cm.inner.dev.config().active_mtu;
+                let a = rc_attr(mtu, &rep, rq_psn, param, param.retry_count.min(7));
+                qp.connect(self.peer, &a)?;
+                self.cm.raw().establish(self.id)?;
+                self.private_data = rep.private_data;
+                Ok(self)
+            }
+            e => Err(self.fail(e)),
+        }
+    }
+
+    /// The passive side's answer `e`: up on the RTU.
+    fn on_rtu(self, e: CmEvent) -> Result<Self, CmError> {
+        match e {
+            CmEvent::Established { .. } => Ok(self),
+            e => Err(self.fail(e)),
+        }
+    }
+
     /// The error an unexpected event means; the connection is forgotten.
     fn fail(mut self, e: CmEvent) -> CmError {
         let id = std::mem::replace(&mut self.id, 0);
@@ -663,13 +747,36 @@ impl Connection<'_> {
 
     /// Disconnect: DREQ, and wait (up to `timeout`) for the DREP or the peer's own DREQ.
     pub fn disconnect(&self, timeout: Duration) -> Result<(), CmError> {
-        {
-            let mut s = lock(&self.cm.inner.shared);
-            let now = self.cm.inner.now();
-            s.agent.disconnect(now, self.id, &[])?;
-            self.cm.inner.flush(&mut s);
-        }
+        self.send_dreq()?;
         self.wait_disconnected(timeout)
+    }
+
+    /// [`Connection::disconnect`] for async code.
+    pub async fn disconnect_async(&self) -> Result<(), CmError> {
+        self.send_dreq()?;
+        self.disconnected().await;
+        Ok(())
+    }
+
+    /// The future of [`Connection::wait_disconnected`]: ends when the connection is down.
+    pub async fn disconnected(&self) {
+        loop {
+            let e = std::future::poll_fn(|cx| self.cm.inner.poll_event(self.id, cx)).await;
+            if matches!(
+                e,
+                CmEvent::Disconnected { .. } | CmEvent::TimewaitExit { .. }
+            ) {
+                return;
+            }
+        }
+    }
+
+    fn send_dreq(&self) -> Result<(), CmError> {
+        let mut s = lock(&self.cm.inner.shared);
+        let now = self.cm.inner.now();
+        s.agent.disconnect(now, self.id, &[])?;
+        self.cm.inner.flush(&mut s);
+        Ok(())
     }
 
     /// Wait (up to `timeout`) until the connection is down (the peer disconnected, or our
@@ -730,7 +837,29 @@ impl Inner {
         if self.hand_out_events(s) {
             self.send_queued(s);
             self.cond.notify_all();
+            // Wakers only schedule their task (what executors' wakers do): waking them under
+            // the lock is safe, and their polls wait for it.
+            for w in s.wakers.drain(..) {
+                w.wake();
+            }
         }
+    }
+
+    /// Register the task of `cx` to be woken at the next events.
+    fn register(s: &mut Shared, cx: &Context<'_>) {
+        if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            s.wakers.push(cx.waker().clone());
+        }
+    }
+
+    /// Poll for the next event of connection `id` (async API).
+    fn poll_event(&self, id: ConnId, cx: &Context<'_>) -> Poll<CmEvent> {
+        let mut s = lock(&self.shared);
+        if let Some(e) = s.events.get_mut(&id).and_then(|q| q.pop_front()) {
+            return Poll::Ready(e);
+        }
+        Self::register(&mut s, cx);
+        Poll::Pending
     }
 
     /// Post the MADs the agent queued on QP1.
