@@ -185,3 +185,27 @@ fn library_defines_every_public_symbol_of_debians_libibverbs() {
             .join("\n")
     );
 }
+
+/// The stub provider libraries (scripts/gen-provider-stubs) define every symbol of every
+/// version node Debian's libmlx5.so.1 and libefa.so.1 define, so that programs linked
+/// against them (perftest, pyverbs, UCX) load; `mlx5dv_is_supported` says no.
+#[test]
+fn provider_stubs_define_every_symbol_of_debians() {
+    for lib in ["libmlx5.so.1", "libefa.so.1"] {
+        let debian = std::path::Path::new("/usr/lib/x86_64-linux-gnu").join(lib);
+        assert!(
+            debian.exists(),
+            "{} is missing: install the Debian package ibverbs-providers",
+            debian.display()
+        );
+        let theirs = versioned_definitions(&debian);
+        let ours = versioned_definitions(&lib_dir().join(lib));
+        assert!(theirs.len() > 5, "{theirs:?}");
+        let missing: Vec<_> = theirs.difference(&ours).collect();
+        let extra: Vec<_> = ours.difference(&theirs).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{lib}: missing {missing:?}\nextra {extra:?} (run scripts/gen-provider-stubs)"
+        );
+    }
+}
