@@ -145,6 +145,10 @@ pub struct Context {
     pub vctx: verbs_context,
     /// Ours.
     pub shared: Arc<Shared>,
+    /// `cmd_fd`: a file of the context's own (an empty memfd) where rdma-core has the uverbs
+    /// command fd, so that programs that `dup` or `fstat` it (rdma-core's import tests) get
+    /// a real descriptor; no command is ever written to it. Closed with the context.
+    _cmd_file: std::fs::File,
 }
 
 // SAFETY: the C part is written only while the context is created and destroyed (by the one
@@ -223,6 +227,13 @@ impl Context {
             engine: OnceLock::new(),
             async_events,
         });
+        // SAFETY: a NUL-terminated name and a flag; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"softrdma-context".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(crate::errno::errno());
+        }
+        // SAFETY: a descriptor just created and owned by nothing else.
+        let cmd_file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let ctx = Box::new(Context {
             vctx: verbs_context {
                 ops: [CompatSlot::None; VERBS_CONTEXT_OPS],
@@ -230,7 +241,7 @@ impl Context {
                 context: ibv_context {
                     device: (&dev.dev as *const crate::abi::ibv_device).cast_mut(),
                     ops: ops(),
-                    cmd_fd: -1,
+                    cmd_fd: fd,
                     async_fd,
                     num_comp_vectors: 1,
                     mutex: libc::PTHREAD_MUTEX_INITIALIZER,
@@ -238,6 +249,7 @@ impl Context {
                 },
             },
             shared,
+            _cmd_file: cmd_file,
         });
         let raw = Box::into_raw(ctx);
         // SAFETY: `raw` is a valid, just-allocated Context.

@@ -89,11 +89,15 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     ffi_ptr(|| {
         // SAFETY: the C API forbids closing the context concurrently.
         let ctx = unsafe { Context::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        // One completion vector (`num_comp_vectors` is 1).
+        if comp_vector != 0 {
+            return Err(libc::EINVAL);
+        }
         let ch = if channel.is_null() {
             None
         } else {

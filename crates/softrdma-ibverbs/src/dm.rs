@@ -23,6 +23,9 @@ use crate::errno::{ffi_errno, ffi_ptr};
 use crate::mr::{Pd, Registration, reg_source};
 use crate::registry::{self, Kind};
 
+/// What offsets and lengths of copies to and from device memory must be multiples of.
+const DM_COPY_ALIGN: u64 = 4;
+
 /// Largest `log_align_req`: the memory starts on a page.
 pub const MAX_LOG_ALIGN: u32 = 12;
 
@@ -61,6 +64,16 @@ impl Dm {
     }
 
     /// `[offset, offset + len)` inside the DM, as an offset.
+    /// A range for `memcpy_to_dm`/`memcpy_from_dm`: inside the DM, and offset and length
+    /// multiples of 4 (EINVAL otherwise), as the device memory of the one hardware provider
+    /// that has it (mlx5) requires, and rdma-core's tests expect of any.
+    fn copy_range(&self, offset: u64, len: usize) -> Result<u64, c_int> {
+        if !(offset | len as u64).is_multiple_of(DM_COPY_ALIGN) {
+            return Err(libc::EINVAL);
+        }
+        self.range(offset, len)
+    }
+
     fn range(&self, offset: u64, len: usize) -> Result<u64, c_int> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.len => Ok(offset),
@@ -149,8 +162,9 @@ pub unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
 /// `verbs_context.reg_dm_mr` (verbs.h's `ibv_reg_dm_mr`): register `length` bytes at
 /// `dm_offset` of `dm` in `pd`. The access flags must include `IBV_ACCESS_ZERO_BASED` (as
 /// rdma-core requires): peers and SGEs address the region from 0; `mr->addr` is
-/// `dm_offset`. NULL with errno EINVAL (bad PD or DM, of different contexts, zero length,
-/// range outside the DM, no `IBV_ACCESS_ZERO_BASED`, bad flags).
+/// `dm_offset` (a zero length registers an empty region, as mlx5 allows). NULL with errno
+/// EINVAL (bad PD or DM, of different contexts, range outside the DM, no
+/// `IBV_ACCESS_ZERO_BASED`, bad flags).
 ///
 /// # Safety
 /// None beyond the C API's: any pointers are accepted.
@@ -167,8 +181,7 @@ pub unsafe extern "C" fn reg_dm_mr(
         let (Some(p), Some(d)) = (p, d) else {
             return Err(libc::EINVAL);
         };
-        if !Arc::ptr_eq(&p.shared, &d.shared) || length == 0 || access & IBV_ACCESS_ZERO_BASED == 0
-        {
+        if !Arc::ptr_eq(&p.shared, &d.shared) || access & IBV_ACCESS_ZERO_BASED == 0 {
             return Err(libc::EINVAL);
         }
         let offset = d.range(dm_offset, length)?;
@@ -194,7 +207,8 @@ pub unsafe extern "C" fn reg_dm_mr(
 }
 
 /// `ibv_dm.memcpy_to_dm`: copy `length` bytes from `host_addr` to `dm_offset` of the DM.
-/// 0 or errno (EINVAL: not a live DM, range outside it, NULL `host_addr` with a length).
+/// 0 or errno (EINVAL: not a live DM, range outside it, offset or length not a multiple of
+/// 4, NULL `host_addr` with a length).
 ///
 /// # Safety
 /// `host_addr` points to `length` readable bytes.
@@ -207,7 +221,7 @@ pub unsafe extern "C" fn memcpy_to_dm(
     ffi_errno(|| {
         // SAFETY: the C API forbids freeing the DM concurrently.
         let d = unsafe { Dm::from_ibv(dm) }.ok_or(libc::EINVAL)?;
-        let offset = d.range(dm_offset, length)?;
+        let offset = d.copy_range(dm_offset, length)?;
         if length == 0 {
             return Ok(());
         }
@@ -234,7 +248,7 @@ pub unsafe extern "C" fn memcpy_from_dm(
     ffi_errno(|| {
         // SAFETY: the C API forbids freeing the DM concurrently.
         let d = unsafe { Dm::from_ibv(dm) }.ok_or(libc::EINVAL)?;
-        let offset = d.range(dm_offset, length)?;
+        let offset = d.copy_range(dm_offset, length)?;
         if length == 0 {
             return Ok(());
         }

@@ -4,7 +4,7 @@
 //! verbs.h consults `verbs_context` only when `context.abi_compat` is `UINTPTR_MAX`; then each
 //! inline wrapper calls its slot if it is non-NULL and otherwise behaves as before (a fallback
 //! to the exported function, or EOPNOTSUPP). [`install`] fills `query_device_ex`,
-//! `reg_dm_mr`, `alloc_dm` and `free_dm` and sets the marker, on a context just opened
+//! `reg_dm_mr`, `alloc_dm`, `free_dm` and `create_qp_ex` and sets the marker, on a context just opened
 //! (before its pointer reaches C); every other slot stays NULL.
 
 use core::ffi::{c_int, c_void};
@@ -40,6 +40,7 @@ pub unsafe fn install(ctx: *mut ibv_context) {
         (*ops)[vctx_slot::REG_DM_MR] = slot(crate::dm::reg_dm_mr as *const ());
         (*ops)[vctx_slot::ALLOC_DM] = slot(crate::dm::alloc_dm as *const ());
         (*ops)[vctx_slot::FREE_DM] = slot(crate::dm::free_dm as *const ());
+        (*ops)[vctx_slot::CREATE_QP_EX] = slot(create_qp_ex as *const ());
         core::ptr::addr_of_mut!((*ctx).abi_compat).write(VERBS_ABI_IS_EXTENDED as *mut c_void);
     }
 }
@@ -102,5 +103,71 @@ pub unsafe extern "C" fn query_device_ex(
             &1u32.to_ne_bytes(),
         );
         Ok(())
+    })
+}
+
+/// `verbs_context.create_qp_ex` (verbs.h's `ibv_create_qp_ex` with more than
+/// `IBV_QP_INIT_ATTR_PD` in `comp_mask`): `ibv_create_qp` on `attr->pd` with the base fields;
+/// the capacities granted are written back. `IBV_QP_INIT_ATTR_CREATE_FLAGS` with no flag set
+/// is accepted. NULL with errno EINVAL (no PD, not a context of ours, unknown `comp_mask`
+/// bits, a PD of another context), or EOPNOTSUPP for what this device does not offer:
+/// creation flags, a TSO header (`tso_caps` is 0), XRC domains, RSS (indirection tables,
+/// hashing), the `ibv_wr_*` post API (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`). Otherwise the errno
+/// of `ibv_create_qp`.
+///
+/// # Safety
+/// `attr` is NULL or points to a readable and writable `ibv_qp_init_attr_ex`.
+pub unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    crate::errno::ffi_ptr(|| {
+        use qp_init_attr_mask as m;
+        // SAFETY: the registry check of `Context::from_ibv`.
+        let ctx = unsafe { Context::from_ibv(context) }.ok_or(libc::EINVAL)?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: non-NULL and readable per the contract.
+        let a = unsafe { attr.read() };
+        let known = m::PD
+            | m::XRCD
+            | m::CREATE_FLAGS
+            | m::MAX_TSO_HEADER
+            | m::IND_TABLE
+            | m::RX_HASH
+            | m::SEND_OPS_FLAGS;
+        if a.comp_mask & !known != 0 || a.comp_mask & m::PD == 0 || a.pd.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let unsupported = m::XRCD | m::IND_TABLE | m::RX_HASH | m::SEND_OPS_FLAGS;
+        if a.comp_mask & unsupported != 0
+            || (a.comp_mask & m::CREATE_FLAGS != 0 && a.create_flags != 0)
+            || (a.comp_mask & m::MAX_TSO_HEADER != 0 && a.max_tso_header != 0)
+        {
+            return Err(libc::EOPNOTSUPP);
+        }
+        // SAFETY: the PD's registry check; the C API forbids deallocating it concurrently.
+        match unsafe { crate::mr::Pd::from_ibv(a.pd) } {
+            Some(p) if std::sync::Arc::ptr_eq(&p.shared, &ctx.shared) => {}
+            _ => return Err(libc::EINVAL),
+        }
+        let mut base = ibv_qp_init_attr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        // SAFETY: our PD and a valid attribute struct.
+        let qp = unsafe { crate::qp::ibv_create_qp(a.pd, &mut base) };
+        if qp.is_null() {
+            return Err(crate::errno::errno());
+        }
+        // SAFETY: as above (writable per the contract): the granted capacities go back.
+        unsafe { (*attr).cap = base.cap };
+        Ok(qp)
     })
 }

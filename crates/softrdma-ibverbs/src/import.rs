@@ -2,8 +2,8 @@
 //! `ibv_import_mr`, `ibv_import_dm`) and their `ibv_unimport_*` counterparts.
 //!
 //! An import names a kernel object: the command fd of another process's context and the
-//! kernel handle of a PD, MR or DM on it. softrdma has no kernel objects (its contexts have no
-//! uverbs fd, `cmd_fd` is -1), so there is nothing to import: each import returns NULL with
+//! kernel handle of a PD, MR or DM on it. softrdma has no kernel objects (a context's `cmd_fd`
+//! is an empty file of its own, no uverbs fd), so there is nothing to import: each import returns NULL with
 //! errno EOPNOTSUPP, or EINVAL for an argument that is wrong anyway (a negative fd, a context
 //! or PD this library did not hand out). No object is ever imported, so each unimport has
 //! nothing to undo: it returns without touching its argument (NULL and foreign pointers

@@ -1,8 +1,8 @@
 //! Memory windows (`ctx->ops.alloc_mw`, `bind_mw`, `dealloc_mw`), over `softrdma::verbs::Mw`.
 //!
-//! Type 1 windows are bound by `ibv_bind_mw`, which here binds at once and updates
-//! `mw->rkey` before returning; it produces no work completion (a difference from hardware,
-//! where the bind is a work request: see docs/IBVERBS.md). Type 2 windows are bound by an
+//! Type 1 windows are bound by `ibv_bind_mw`, which posts a bind work request (as rdma-core's
+//! providers do: `mw->rkey` is updated before it returns, the bind executes in order with
+//! the QP's other requests and completes like one). Type 2 windows are bound by an
 //! `IBV_WR_BIND_MW` work request ([`crate::post`]).
 
 use core::ffi::c_int;
@@ -98,8 +98,14 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     })
 }
 
-/// `ops.bind_mw` (`ibv_bind_mw`, type 1): 0 or errno (EINVAL: bad QP, window, region,
-/// range or rights). A zero length unbinds. `mw->rkey` gets the new key.
+/// `ops.bind_mw` (`ibv_bind_mw`, type 1): a `BIND_MW` work request on `qp`, as rdma-core's
+/// providers post it: `mw->rkey` gets the new key at once (drawn at random), the window
+/// takes effect when the request executes, in order with the QP's other requests, and a
+/// signaled bind (or any, with `sq_sig_all`) completes with `IBV_WC_BIND_MW` and
+/// `bind->wr_id`; a bind the region refuses (rights, range, PD) completes with
+/// `IBV_WC_MW_BIND_ERR`. A zero length unbinds (the region may then be NULL). 0 or errno
+/// (EINVAL: bad QP, window or region, a type 2 window; or the errno of posting: ENOMEM
+/// for a full send queue).
 pub(crate) unsafe extern "C" fn bind_mw(
     qp: *mut ibv_qp,
     mw: *mut ibv_mw,
@@ -120,19 +126,32 @@ pub(crate) unsafe extern "C" fn bind_mw(
                 }
                 // SAFETY: non-NULL and readable per the C contract.
                 let b = unsafe { bind.read() };
+                let info = b.bind_info;
                 // SAFETY: registry-checked.
-                let m = unsafe { Mr::from_ibv(b.bind_info.mr) }.ok_or(libc::EINVAL)?;
-                let vmr = m.vmr.as_ref().ok_or(libc::EINVAL)?;
-                let k = w
-                    .vmw
-                    .bind(
-                        &q.vqp,
-                        vmr,
-                        b.bind_info.addr,
-                        b.bind_info.length,
-                        Access(b.bind_info.mw_access_flags),
-                    )
-                    .map_err(|e| e.errno())?;
+                let m = unsafe { Mr::from_ibv(info.mr) };
+                let vmr = match (m, info.length) {
+                    (Some(m), _) => Some(m.vmr.as_ref().ok_or(libc::EINVAL)?),
+                    (None, 0) => None,
+                    (None, _) => return Err(libc::EINVAL),
+                };
+                let k = w.vmw.draw_type1_key().map_err(|e| e.errno())?;
+                let wr = verbs::SendWr {
+                    wr_id: b.wr_id,
+                    opcode: verbs::WrOpcode::BindMw {
+                        mw_rkey: w.vmw.rkey(),
+                        new_rkey: k,
+                        mr_lkey: vmr.map_or(0, |v| v.lkey()),
+                        addr: info.addr,
+                        length: info.length,
+                        access: Access(info.mw_access_flags),
+                    },
+                    send_flags: verbs::SendFlags(b.send_flags),
+                    sg_list: &[],
+                    inline_data: None,
+                    ud: None,
+                };
+                q.vqp.post_batch().post(&wr).map_err(|e| e.errno())?;
+                w.vmw.bound_by_wr(vmr.filter(|_| info.length > 0), k);
                 // SAFETY: the window is live; the application must not use it concurrently
                 // with a bind.
                 unsafe { (*mw).rkey = k };

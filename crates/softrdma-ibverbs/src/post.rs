@@ -176,7 +176,7 @@ fn post_one(
             unsafe { (Mw::from_ibv(bind.mw), Mr::from_ibv(bind.bind_info.mr)) }
             && let Some(vmr) = &mr.vmr
         {
-            mw.vmw.bound_by_wr(vmr, new_rkey);
+            mw.vmw.bound_by_wr(Some(vmr), new_rkey);
         }
     }
     Ok(())

@@ -223,7 +223,8 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 }
 
 /// `_ibv_query_gid_table` (behind `ibv_query_gid_table`): the number of populated entries
-/// written, or a negative errno (EINVAL; ENOMEM when `max_entries` is too small).
+/// written, or a negative errno (EINVAL, also when `max_entries` is too small, as the kernel
+/// answers rdma-core).
 ///
 /// # Safety
 /// `entries` is NULL or points to `max_entries * entry_size` writable bytes.
@@ -245,7 +246,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
                 return -(libc::EINVAL as isize);
             }
             if max_entries < POPULATED_GIDS as usize {
-                return -(libc::ENOMEM as isize);
+                return -(libc::EINVAL as isize);
             }
             for i in 0..POPULATED_GIDS {
                 let Ok(e) = gid_entry(dev, i) else {

@@ -124,6 +124,9 @@ fn sizes_as_documented() {
         (vctx_slot::ALLOC_DM, 64),
         (vctx_slot::FREE_DM, 72),
         (vctx_slot::QUERY_DEVICE_EX, 216),
+        // verbs.h (offsetof(struct verbs_context, ...)): create_cq_ex 200, create_qp_ex 264.
+        (vctx_slot::CREATE_CQ_EX, 200),
+        (vctx_slot::CREATE_QP_EX, 264),
     ] {
         assert_eq!(offset_of!(verbs_context, ops) + slot * 8, off);
     }

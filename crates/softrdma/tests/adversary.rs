@@ -607,11 +607,12 @@ fn dead_keys_stay_dead() {
     drop(gone);
     assert_eq!(probe(gva, gkey), dead, "deregistered key");
 
-    // Re-registration.
+    // Re-registration onto new memory (a rereg that keeps the memory keeps the key, as rxe's
+    // and mlx5's do; an invalidated region gets a new one: `mem_lookup`).
     let mut m = v.pd.reg_buffer(vec![0u8; 64], all()).unwrap();
     let old = m.rkey();
     m.rereg(MrRereg {
-        access: Some(all()),
+        translation: Some((MemSource::owned(vec![0u8; 64]), None)),
         ..MrRereg::default()
     })
     .unwrap();
@@ -655,7 +656,7 @@ fn dead_keys_stay_dead() {
     let wc = v.cq.wait(1, Duration::from_secs(5));
     assert_eq!(wc.len(), 1);
     assert_eq!(wc[0].status, WcStatus::Success);
-    w2.bound_by_wr(&host, new_key);
+    w2.bound_by_wr(Some(&host), new_key);
     qp.post_recv(&RecvWr {
         wr_id: 3,
         sg_list: &[host.sge(1024, 64)],

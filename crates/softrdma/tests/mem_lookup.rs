@@ -562,13 +562,33 @@ fn rereg_changes_range_access_and_pd() {
         .unwrap();
     assert!(r.is_none());
     assert_eq!(i.access, LW | RW);
-    // A new key with the new rights; the old key grants nothing any more.
-    assert_ne!(i.rkey, mr.rkey);
-    assert_eq!(
-        t.check(ctx(pd), mr.rkey, mr.iova, 16, Access::NONE),
-        Err(AccessError::InvalidKey(mr.rkey))
-    );
+    // The same memory keeps its key (as rxe and mlx5 keep theirs), with the new rights.
+    assert_eq!((i.lkey, i.rkey), (mr.lkey, mr.rkey));
     assert!(t.check(ctx(pd), i.rkey, mr.iova, 16, RW).is_ok());
+    // Rights taken away are gone for that key at once.
+    let (i, _) = t
+        .rereg_mr(
+            mr.lkey,
+            Rereg {
+                access: Some(LW),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(i.rkey, mr.rkey);
+    assert!(matches!(
+        t.check(ctx(pd), mr.rkey, mr.iova, 16, RW),
+        Err(AccessError::AccessDenied { .. })
+    ));
+    let (i, _) = t
+        .rereg_mr(
+            mr.lkey,
+            Rereg {
+                access: Some(LW | RW),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     let mr = i;
     // Bad access leaves it unchanged.
     assert!(

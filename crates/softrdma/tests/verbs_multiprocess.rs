@@ -445,7 +445,7 @@ fn memory_windows_of_both_types() {
         .flags(SendFlags::SIGNALED);
         qp.post_send(&wr).unwrap();
         ok(one(&n.cq), 50);
-        mw2.bound_by_wr(&n.mr, new2);
+        mw2.bound_by_wr(Some(&n.mr), new2);
         l.send(&format!("{} {} {}", k1, new2, n.mr.iova()));
         let inv = ok(one(&n.cq), 9);
         let mut b = [0u8; 4];

@@ -3,7 +3,7 @@
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::device::ibv_gid;
-use super::objects::{ibv_cq, ibv_srq};
+use super::objects::{ibv_cq, ibv_pd, ibv_srq};
 
 /// `struct ibv_global_route`.
 #[repr(C)]
@@ -93,6 +93,50 @@ pub struct ibv_qp_init_attr {
     /// `enum ibv_qp_type`.
     pub qp_type: c_int,
     pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_rx_hash_conf` (RSS: raw-packet QPs only; carried, never used).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex` (`ibv_create_qp_ex`): `ibv_qp_init_attr`'s fields, then the
+/// extension that `comp_mask` says is valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+/// `enum ibv_qp_init_attr_mask`.
+pub mod qp_init_attr_mask {
+    pub const PD: u32 = 1 << 0;
+    pub const XRCD: u32 = 1 << 1;
+    pub const CREATE_FLAGS: u32 = 1 << 2;
+    pub const MAX_TSO_HEADER: u32 = 1 << 3;
+    pub const IND_TABLE: u32 = 1 << 4;
+    pub const RX_HASH: u32 = 1 << 5;
+    pub const SEND_OPS_FLAGS: u32 = 1 << 6;
 }
 
 /// `struct ibv_srq_attr`.

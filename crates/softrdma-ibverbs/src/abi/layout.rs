@@ -268,6 +268,18 @@ pub fn table() -> Vec<FieldLayout> {
         "qp_context" => qp_context, "send_cq" => send_cq, "recv_cq" => recv_cq,
         "srq" => srq, "cap" => cap, "qp_type" => qp_type, "sq_sig_all" => sq_sig_all,
     });
+    fields!(t, "struct ibv_rx_hash_conf", ibv_rx_hash_conf {
+        "rx_hash_function" => rx_hash_function, "rx_hash_key_len" => rx_hash_key_len,
+        "rx_hash_key" => rx_hash_key, "rx_hash_fields_mask" => rx_hash_fields_mask,
+    });
+    fields!(t, "struct ibv_qp_init_attr_ex", ibv_qp_init_attr_ex {
+        "qp_context" => qp_context, "send_cq" => send_cq, "recv_cq" => recv_cq,
+        "srq" => srq, "cap" => cap, "qp_type" => qp_type, "sq_sig_all" => sq_sig_all,
+        "comp_mask" => comp_mask, "pd" => pd, "xrcd" => xrcd, "create_flags" => create_flags,
+        "max_tso_header" => max_tso_header, "rwq_ind_tbl" => rwq_ind_tbl,
+        "rx_hash_conf" => rx_hash_conf, "source_qpn" => source_qpn,
+        "send_ops_flags" => send_ops_flags,
+    });
     fields!(t, "struct ibv_srq_attr", ibv_srq_attr {
         "max_wr" => max_wr, "max_sge" => max_sge, "srq_limit" => srq_limit,
     });

@@ -74,7 +74,10 @@ int main(void)
 	CHECK(mr2 && mr2->lkey != mr->lkey, "overlapping reg_mr");
 	uint32_t old_rkey = mr2->rkey;
 	CHECK(ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == 0, "rereg access");
-	CHECK(mr2->rkey != old_rkey && mr2->lkey == mr2->rkey, "rereg issues new keys");
+	CHECK(mr2->rkey == old_rkey && mr2->lkey == mr2->rkey, "rereg of the same memory keeps the keys");
+	char *buf2 = malloc(4096);
+	CHECK(buf2 && ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf2, 4096, 0) == 0, "rereg translation");
+	CHECK(mr2->rkey != old_rkey && mr2->lkey == mr2->rkey && mr2->addr == buf2 && mr2->length == 4096, "rereg onto new memory issues new keys");
 	CHECK(ibv_rereg_mr(mr2, 0x80, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT, "rereg bad flags");
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "dealloc busy pd");
 	CHECK(ibv_dereg_mr(mr2) == 0, "dereg");
@@ -117,6 +120,7 @@ int main(void)
 	CHECK(ibv_close_device(ctx) == -1 && errno == EINVAL, "close twice");
 	ibv_free_device_list(list);
 	free(buf);
+	free(buf2);
 	if (failures)
 		return 1;
 	printf("ALL OK\n");

@@ -240,6 +240,6 @@ impl MemoryAccess for MemoryTable {
         len: u64,
         access: Access,
     ) -> Result<(), AccessError> {
-        self.bind_type2(ctx, mw_key, new_rkey, mr_lkey, iova, len, access)
+        self.bind_wr(ctx, mw_key, new_rkey, mr_lkey, iova, len, access)
     }
 }

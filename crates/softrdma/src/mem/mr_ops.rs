@@ -343,10 +343,13 @@ impl MemoryTable {
     /// flight; refused while windows are bound. On refusal nothing changed and the new source
     /// comes back in the error.
     ///
-    /// On success the region has a **new key** (returned in the [`MrInfo`]; the slot stays,
-    /// salt and tag are drawn anew) and the old key is dead: whoever was given the old R_Key
-    /// reaches neither the new memory nor the new rights, and a key invalidated earlier (local
-    /// invalidation, an unmap) is never valid again. The region itself becomes valid.
+    /// Keys: a valid region whose memory stays (only access or PD change) keeps its key, as
+    /// rxe and mlx5 keep theirs, so work requests already posted with it and keys already
+    /// handed out go on working under the new rights. A new translation, or a region that was
+    /// invalidated or suspended, gets a **new key** (returned in the [`MrInfo`]; the slot
+    /// stays, salt and tag are drawn anew) and the old key is dead: whoever was given it
+    /// reaches none of the new memory, and a key invalidated earlier (local invalidation, an
+    /// unmap) is never valid again. The region itself becomes valid.
     pub fn rereg_mr(&self, lkey: u32, change: Rereg) -> Result<(MrInfo, Returned), RegError> {
         let Rereg {
             translation,
@@ -413,7 +416,12 @@ impl MemoryTable {
                 )));
             }
         };
-        let new_key = match self.key_alloc().retag(lkey) {
+        let keep_key = backing.is_none() && st.status == MrStatus::Valid;
+        let new_key = match if keep_key {
+            Ok(lkey)
+        } else {
+            self.key_alloc().retag(lkey)
+        } {
             Ok(k) => k,
             Err(e) => {
                 // Only a failing OS CSPRNG gets here.

@@ -162,8 +162,30 @@ impl MemoryTable {
         Ok(new_key)
     }
 
+    /// Draw the next R_Key of the type 1 window `mw_key`, for a bind that a work request
+    /// carries out later (`ibv_bind_mw`, which hands the key out at once, as rdma-core's
+    /// providers do): random like [`MemoryTable::bind_mw_type1`]'s, unused in its slot.
+    pub fn draw_type1_key(&self, mw_key: u32) -> Result<u32, AccessError> {
+        let slot = self.slot(mw_key)?;
+        let g = read(slot);
+        match &*g {
+            Entry::Mw(mw) if mw.key == mw_key && mw.ty == MwType::Type1 => {}
+            Entry::Mw(mw) if mw.key == mw_key => {
+                return Err(AccessError::InvalidOperation(mw_key));
+            }
+            _ => return Err(AccessError::InvalidKey(mw_key)),
+        }
+        self.key_alloc()
+            .retag(mw_key)
+            .map_err(|_| AccessError::InvalidOperation(mw_key))
+    }
+
+    /// A BIND_MW work request executing: a type 2 window (its new key differs from the old
+    /// in the tag only, `ibv_inc_rkey`; bound to the QP; unbound first), or a type 1 window
+    /// with a key from [`MemoryTable::draw_type1_key`] (rebound in place; a zero length
+    /// unbinds).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn bind_type2(
+    pub(crate) fn bind_wr(
         &self,
         ctx: AccessCtx,
         mw_key: u32,
@@ -174,12 +196,6 @@ impl MemoryTable {
         access: Access,
     ) -> Result<(), AccessError> {
         let slot = self.slot(mw_key)?;
-        if key_index(new_rkey) != key_index(mw_key) {
-            return Err(AccessError::InvalidOperation(mw_key));
-        }
-        if self.slot_index(mr_lkey) == self.slot_index(mw_key) {
-            return Err(AccessError::InvalidKey(mr_lkey));
-        }
         let mut g = write(slot);
         let Entry::Mw(mw) = &mut *g else {
             return Err(AccessError::InvalidKey(mw_key));
@@ -187,13 +203,28 @@ impl MemoryTable {
         if mw.key != mw_key {
             return Err(AccessError::InvalidKey(mw_key));
         }
-        if mw.ty != MwType::Type2 {
-            return Err(AccessError::InvalidOperation(mw_key));
-        }
         if mw.pd != ctx.pd {
             return Err(AccessError::WrongPd(mw_key));
         }
-        if mw.binding.is_some() {
+        let type1 = mw.ty == MwType::Type1;
+        let same_window = if type1 {
+            self.slot_index(new_rkey) == self.slot_index(mw_key)
+        } else {
+            key_index(new_rkey) == key_index(mw_key)
+        };
+        if !same_window {
+            return Err(AccessError::InvalidOperation(mw_key));
+        }
+        if type1 && len == 0 {
+            mw.unbind();
+            mw.key = new_rkey;
+            mw.invalidated = false;
+            return Ok(());
+        }
+        if self.slot_index(mr_lkey) == self.slot_index(mw_key) {
+            return Err(AccessError::InvalidKey(mr_lkey));
+        }
+        if !type1 && mw.binding.is_some() {
             // A bound type 2 window must be invalidated before it is bound again.
             return Err(AccessError::InvalidOperation(mw_key));
         }
@@ -204,7 +235,7 @@ impl MemoryTable {
         if *key != mr_lkey {
             return Err(AccessError::InvalidKey(mr_lkey));
         }
-        mw.binding = Some(bind(
+        let binding = bind(
             mr,
             mr_lkey,
             mw_key,
@@ -212,12 +243,16 @@ impl MemoryTable {
             iova,
             len,
             access,
-            Some(ctx.qpn),
-        )?);
+            (!type1).then_some(ctx.qpn),
+        )?;
+        mw.unbind();
+        mw.binding = Some(binding);
         mw.key = new_rkey;
         mw.invalidated = false;
         drop(pg);
-        self.key_alloc().note(new_rkey);
+        if !type1 {
+            self.key_alloc().note(new_rkey);
+        }
         Ok(())
     }
 

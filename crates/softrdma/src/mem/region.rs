@@ -35,10 +35,13 @@ pub(crate) fn validate_mr_access(a: Access) -> Result<Access, MemError> {
     Ok(a)
 }
 
-/// Validate the access flags of a window bind (`ibv_mw_bind_info.mw_access_flags`).
+/// Validate the access flags of a window bind (`ibv_mw_bind_info.mw_access_flags`): remote
+/// rights and zero-based addressing. LOCAL_WRITE (which rdma-core's own tests pass, and rxe
+/// accepts) means nothing for a window and is ignored; any other flag is refused.
 pub(crate) fn validate_mw_access(a: Access) -> Option<Access> {
     let allowed = REMOTE | Access::ZERO_BASED.0;
-    if a.0 & !(allowed | Access::OPTIONAL_RANGE) != 0 {
+    let ignored = Access::LOCAL_WRITE.0 | Access::OPTIONAL_RANGE;
+    if a.0 & !(allowed | ignored) != 0 {
         return None;
     }
     Some(Access(a.0 & allowed))

@@ -289,6 +289,17 @@ impl CqCore {
         n
     }
 
+    /// Remove the completions of QP `qpn` still waiting (a QP moved to RESET: its earlier
+    /// completions are discarded with its queues, as rdma-core's providers clean the CQ);
+    /// returns how many.
+    pub fn purge_qp(&self, qpn: u32) -> usize {
+        let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let before = r.len();
+        r.retain(|wc| wc.qp_num != qpn);
+        self.queued.store(r.len(), Ordering::Release);
+        before - r.len()
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.queued.load(Ordering::Acquire)

@@ -374,11 +374,19 @@ impl Mw {
         Ok(k)
     }
 
-    /// Record that a type 2 window was bound by a work request to `mr` with R_Key `rkey`
-    /// (keeps the region registered while the window may refer to it).
-    pub fn bound_by_wr(&self, mr: &Mr, rkey: u32) {
+    /// The R_Key a type 1 window gets from its next bind by a work request (a `BIND_MW`
+    /// work request posted with it as `new_rkey`, as `ibv_bind_mw` does): drawn at random,
+    /// unused in the window's slot.
+    pub fn draw_type1_key(&self) -> Result<u32, VerbsError> {
+        let mem = self.pd.device().engine().mem();
+        Ok(mem.draw_type1_key(self.rkey())?)
+    }
+
+    /// Record that the window was bound by a work request to `mr` (`None`: unbound) with
+    /// R_Key `rkey` (keeps the region registered while the window may refer to it).
+    pub fn bound_by_wr(&self, mr: Option<&Mr>, rkey: u32) {
         self.key.store(rkey, std::sync::atomic::Ordering::Release);
-        *self.bound_to.lock().unwrap_or_else(|e| e.into_inner()) = Some(mr.clone());
+        *self.bound_to.lock().unwrap_or_else(|e| e.into_inner()) = mr.cloned();
     }
 }
 

@@ -221,6 +221,13 @@ impl Qp {
         let engine = self.pd.device().engine();
         let mut body = self.cell.lock();
         body.qp.modify(attr, mask)?;
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            // The QP's completions still in its CQs go with its queues (rdma-core's providers
+            // clean the CQ on RESET): a QP brought up again polls only its new work.
+            let qpn = self.qp_num();
+            self.cell.send_cq.purge_qp(qpn);
+            self.cell.recv_cq.purge_qp(qpn);
+        }
         if mask.contains(QpAttrMask::AV)
             && let Some(av) = attr.av
         {
