@@ -371,12 +371,26 @@ fn type2_refused_on_unbound_or_foreign() {
         t.bind_mw(qp(pd2, 5), mw, mw ^ 1, mr.lkey, 0x10_000, 8, RR),
         Err(AccessError::WrongPd(mw))
     );
-    // Type 1 windows are not bound by a work request.
+    // A type 1 window is bound by a work request (ibv_bind_mw) only with a key drawn for it
+    // (`draw_type1_key`, its own slot); a key of another slot is refused.
     let t1 = t.alloc_mw(pd, MwType::Type1).unwrap();
     assert_eq!(
-        t.bind_mw(q, t1, t1 ^ 1, mr.lkey, 0x10_000, 8, RR),
+        t.bind_mw(q, t1, mr.lkey, mr.lkey, 0x10_000, 8, RR),
         Err(AccessError::InvalidOperation(t1))
     );
+    let k = t.draw_type1_key(t1).unwrap();
+    assert_ne!(k, t1);
+    assert_eq!(t.bind_mw(q, t1, k, mr.lkey, 0x10_000, 8, RR), Ok(()));
+    assert!(t.check(q, k, 0x10_000, 8, RR).is_ok());
+    assert_eq!(t.check(q, t1, 0x10_000, 1, RR), Err(AccessError::InvalidKey(t1)));
+    // Rebound in place with the next key; a zero length unbinds.
+    let k2 = t.draw_type1_key(k).unwrap();
+    assert_eq!(t.bind_mw(q, k, k2, mr.lkey, 0x10_008, 8, RR), Ok(()));
+    assert_eq!(t.check(q, k, 0x10_000, 1, RR), Err(AccessError::InvalidKey(k)));
+    let k3 = t.draw_type1_key(k2).unwrap();
+    assert_eq!(t.bind_mw(q, k2, k3, 0, 0, 0, RR), Ok(()));
+    assert!(t.check(q, k3, 0x10_008, 1, RR).is_err());
+    assert_eq!(t.draw_type1_key(mw), Err(AccessError::InvalidOperation(mw)));
     // A region key cannot be bound as a window.
     assert_eq!(
         t.bind_mw(q, mr.lkey, mr.lkey ^ 1, mr.lkey, 0x10_000, 8, RR),

@@ -177,6 +177,29 @@ pub fn table() -> Vec<FieldLayout> {
         "comp_events_completed" => comp_events_completed,
         "async_events_completed" => async_events_completed,
     });
+    fields!(t, "struct ibv_cq_ex", ibv_cq_ex {
+        "context" => context, "channel" => channel, "cq_context" => cq_context,
+        "handle" => handle, "cqe" => cqe, "mutex" => mutex, "cond" => cond,
+        "comp_events_completed" => comp_events_completed,
+        "async_events_completed" => async_events_completed, "comp_mask" => comp_mask,
+        "status" => status, "wr_id" => wr_id, "start_poll" => start_poll,
+        "next_poll" => next_poll, "end_poll" => end_poll, "read_opcode" => read_opcode,
+        "read_vendor_err" => read_vendor_err, "read_byte_len" => read_byte_len,
+        "read_imm_data" => read_imm_data, "read_qp_num" => read_qp_num,
+        "read_src_qp" => read_src_qp, "read_wc_flags" => read_wc_flags,
+        "read_slid" => read_slid, "read_sl" => read_sl,
+        "read_dlid_path_bits" => read_dlid_path_bits,
+        "read_completion_ts" => read_completion_ts, "read_cvlan" => read_cvlan,
+        "read_flow_tag" => read_flow_tag, "read_tm_info" => read_tm_info,
+        "read_completion_wallclock_ns" => read_completion_wallclock_ns,
+    });
+    fields!(t, "struct ibv_poll_cq_attr", ibv_poll_cq_attr { "comp_mask" => comp_mask });
+    fields!(t, "struct ibv_wc_tm_info", ibv_wc_tm_info { "tag" => tag, "priv" => priv_ });
+    fields!(t, "struct ibv_cq_init_attr_ex", ibv_cq_init_attr_ex {
+        "cqe" => cqe, "cq_context" => cq_context, "channel" => channel,
+        "comp_vector" => comp_vector, "wc_flags" => wc_flags, "comp_mask" => comp_mask,
+        "flags" => flags, "parent_domain" => parent_domain,
+    });
     fields!(t, "struct ibv_qp", ibv_qp {
         "context" => context, "qp_context" => qp_context, "pd" => pd, "send_cq" => send_cq,
         "recv_cq" => recv_cq, "srq" => srq, "handle" => handle, "qp_num" => qp_num,

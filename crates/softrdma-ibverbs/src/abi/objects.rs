@@ -61,6 +61,95 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
+/// A `struct ibv_cq_ex` entry point with no argument but the CQ.
+pub type CqExFn<T> = Option<unsafe extern "C" fn(*mut ibv_cq_ex) -> T>;
+
+/// `struct ibv_cq_ex`: `struct ibv_cq`'s fields, then the extended poll interface
+/// (`ibv_create_cq_ex`). Every `ibv_cq` of this library is one, so `ibv_cq_ex_to_cq` (a cast)
+/// and the reverse hold.
+#[repr(C)]
+pub struct ibv_cq_ex {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: libc::pthread_mutex_t,
+    pub cond: libc::pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+    pub comp_mask: u32,
+    /// `enum ibv_wc_status` of the current completion.
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: CqExFn<c_int>,
+    pub end_poll: CqExFn<()>,
+    pub read_opcode: CqExFn<c_int>,
+    pub read_vendor_err: CqExFn<u32>,
+    pub read_byte_len: CqExFn<u32>,
+    pub read_imm_data: CqExFn<u32>,
+    pub read_qp_num: CqExFn<u32>,
+    pub read_src_qp: CqExFn<u32>,
+    pub read_wc_flags: CqExFn<c_uint>,
+    pub read_slid: CqExFn<u32>,
+    pub read_sl: CqExFn<u8>,
+    pub read_dlid_path_bits: CqExFn<u8>,
+    pub read_completion_ts: CqExFn<u64>,
+    pub read_cvlan: CqExFn<u16>,
+    pub read_flow_tag: CqExFn<u32>,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_wc_tm_info)>,
+    pub read_completion_wallclock_ns: CqExFn<u64>,
+}
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_wc_tm_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_cq_init_attr_ex {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: u32,
+    /// `enum ibv_create_cq_wc_flags`.
+    pub wc_flags: u64,
+    pub comp_mask: u32,
+    pub flags: u32,
+    pub parent_domain: *mut ibv_pd,
+}
+
+/// `enum ibv_create_cq_wc_flags`: what an extended CQ's `read_*` calls may be asked for.
+pub mod cq_wc_flags {
+    pub const BYTE_LEN: u64 = 1 << 0;
+    pub const IMM: u64 = 1 << 1;
+    pub const QP_NUM: u64 = 1 << 2;
+    pub const SRC_QP: u64 = 1 << 3;
+    pub const SLID: u64 = 1 << 4;
+    pub const SL: u64 = 1 << 5;
+    pub const DLID_PATH_BITS: u64 = 1 << 6;
+    pub const COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const CVLAN: u64 = 1 << 8;
+    pub const FLOW_TAG: u64 = 1 << 9;
+    pub const TM_INFO: u64 = 1 << 10;
+    pub const COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+    /// `IBV_WC_STANDARD_FLAGS`.
+    pub const STANDARD: u64 = BYTE_LEN | IMM | QP_NUM | SRC_QP | SLID | SL | DLID_PATH_BITS;
+}
+
 /// `struct ibv_qp`.
 #[repr(C)]
 pub struct ibv_qp {
