@@ -111,11 +111,12 @@ pub unsafe extern "C" fn query_device_ex(
 /// `verbs_context.create_qp_ex` (verbs.h's `ibv_create_qp_ex` with more than
 /// `IBV_QP_INIT_ATTR_PD` in `comp_mask`): `ibv_create_qp` on `attr->pd` with the base fields;
 /// the capacities granted are written back. `IBV_QP_INIT_ATTR_CREATE_FLAGS` with no flag set
-/// is accepted. NULL with errno EINVAL (no PD, not a context of ours, unknown `comp_mask`
-/// bits, a PD of another context), or EOPNOTSUPP for what this device does not offer:
-/// creation flags, a TSO header (`tso_caps` is 0), XRC domains, RSS (indirection tables,
-/// hashing), the `ibv_wr_*` post API (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`). Otherwise the errno
-/// of `ibv_create_qp`.
+/// is accepted, and `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` with any operation but TSO and
+/// ATOMIC_WRITE (every QP has the `ibv_wr_*` post API: `crate::wr_ex`). NULL with errno
+/// EINVAL (no PD, not a context of ours, unknown `comp_mask` bits, a PD of another context),
+/// or EOPNOTSUPP for what this device does not offer: creation flags, a TSO header
+/// (`tso_caps` is 0), XRC domains, RSS (indirection tables, hashing), TSO or ATOMIC_WRITE
+/// sends. Otherwise the errno of `ibv_create_qp`.
 ///
 /// # Safety
 /// `attr` is NULL or points to a readable and writable `ibv_qp_init_attr_ex`.
@@ -142,8 +143,10 @@ pub unsafe extern "C" fn create_qp_ex(
         if a.comp_mask & !known != 0 || a.comp_mask & m::PD == 0 || a.pd.is_null() {
             return Err(libc::EINVAL);
         }
-        let unsupported = m::XRCD | m::IND_TABLE | m::RX_HASH | m::SEND_OPS_FLAGS;
+        let unsupported = m::XRCD | m::IND_TABLE | m::RX_HASH;
         if a.comp_mask & unsupported != 0
+            || (a.comp_mask & m::SEND_OPS_FLAGS != 0
+                && a.send_ops_flags & !crate::wr_ex::SUPPORTED_SEND_OPS != 0)
             || (a.comp_mask & m::CREATE_FLAGS != 0 && a.create_flags != 0)
             || (a.comp_mask & m::MAX_TSO_HEADER != 0 && a.max_tso_header != 0)
         {

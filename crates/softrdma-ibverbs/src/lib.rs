@@ -46,3 +46,4 @@ pub mod sdv;
 pub mod srq;
 pub mod strings;
 pub mod sysfs;
+pub mod wr_ex;

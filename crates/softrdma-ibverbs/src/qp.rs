@@ -52,6 +52,10 @@ pub const MAX_INLINE: u32 = 4096;
 pub struct Qp {
     /// What C sees.
     pub qp: ibv_qp,
+    /// The rest of `struct ibv_qp_ex`: the `ibv_wr_*` operations (`crate::wr_ex`).
+    pub ex: crate::wr_ex::QpExOps,
+    /// The requests `ibv_wr_*` built since `ibv_wr_start`.
+    pub wr_batch: Mutex<crate::wr_ex::WrBatch>,
     /// The context it belongs to.
     pub shared: Arc<Shared>,
     /// The engine's QP.
@@ -269,6 +273,8 @@ pub unsafe extern "C" fn ibv_create_qp(
                 cond: libc::PTHREAD_COND_INITIALIZER,
                 events_completed: 0,
             },
+            ex: crate::wr_ex::QpExOps::new(),
+            wr_batch: crate::wr_ex::new_batch(),
             shared: p.shared.clone(),
             vqp,
             cap: granted,
@@ -530,8 +536,8 @@ pub fn empty_ah_attr() -> ibv_ah_attr {
     unsafe { core::mem::zeroed() }
 }
 
-/// `ibv_qp_to_qp_ex` (IBVERBS_1.6): NULL with errno EINVAL for a foreign QP, else
-/// EOPNOTSUPP (the extended post-send API is not provided; see docs/IBVERBS.md).
+/// `ibv_qp_to_qp_ex` (IBVERBS_1.6): the QP as a `struct ibv_qp_ex` (every QP of this library
+/// is one: `crate::wr_ex`); NULL with errno EINVAL for a foreign QP.
 ///
 /// # Safety
 /// None beyond the C API's: any pointer is accepted.
@@ -540,7 +546,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
         if !registry::contains(qp, Kind::Qp) {
             return Err(libc::EINVAL);
         }
-        Err(libc::EOPNOTSUPP)
+        Ok(qp.cast::<ibv_qp_ex>())
     })
 }
 

@@ -133,3 +133,35 @@ fn sizes_as_documented() {
     assert_eq!(size_of::<ibv_dm>(), 32);
     assert_eq!(size_of::<ibv_alloc_dm_attr>(), 16);
 }
+
+/// A QP of this library is a `struct ibv_qp_ex` (`ibv_qp_to_qp_ex` is a cast): its `ibv_qp`,
+/// then the operations in verbs.h's order.
+#[test]
+fn a_qp_is_an_ibv_qp_ex() {
+    use core::mem::offset_of;
+    use ibverbs::abi::ibv_qp_ex;
+    use ibverbs::qp::Qp;
+    use ibverbs::wr_ex::QpExOps;
+    assert_eq!(offset_of!(Qp, qp), 0);
+    assert_eq!(offset_of!(Qp, ex), offset_of!(ibv_qp_ex, comp_mask));
+    assert_eq!(
+        offset_of!(Qp, ex) + offset_of!(QpExOps, wr_id),
+        offset_of!(ibv_qp_ex, wr_id)
+    );
+    assert_eq!(
+        offset_of!(Qp, ex) + offset_of!(QpExOps, wr_flags),
+        offset_of!(ibv_qp_ex, wr_flags)
+    );
+    assert_eq!(
+        offset_of!(Qp, ex) + offset_of!(QpExOps, ops),
+        offset_of!(ibv_qp_ex, wr_atomic_cmp_swp)
+    );
+    assert_eq!(
+        offset_of!(Qp, ex) + offset_of!(QpExOps, ops) + 20 * 8,
+        offset_of!(ibv_qp_ex, wr_atomic_write)
+    );
+    assert_eq!(
+        offset_of!(Qp, ex) + core::mem::size_of::<QpExOps>(),
+        core::mem::size_of::<ibv_qp_ex>()
+    );
+}

@@ -38,6 +38,20 @@ fn device_memory_and_dmabuf_regions_through_verbs_h() {
     eprintln!("{out}");
 }
 
+/// The extended verbs through verbs.h: `ibv_create_cq_ex` and its poll calls, `ibv_create_qp_ex`
+/// with the `ibv_wr_*` post API for every operation offered, type 1 and type 2 windows, and
+/// the refusals of what is not offered (tests/c/ext_verbs.c).
+#[test]
+fn extended_cqs_and_the_wr_post_api_through_verbs_h() {
+    let out = run_c_program(
+        &manifest("tests/c/ext_verbs.c"),
+        "softrdma0=127.0.0.69,softrdma1=127.0.0.70",
+        Some("on-demand"),
+        &[],
+    );
+    eprintln!("{out}");
+}
+
 /// The example `examples/c/migrate.c`: a region moved to new memory in the middle of a
 /// 32 MiB WRITE, SEND and READ and under an atomic; the peer sees only RNR NAKs and
 /// successes, every byte is in the new memory.

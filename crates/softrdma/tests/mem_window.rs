@@ -382,11 +382,17 @@ fn type2_refused_on_unbound_or_foreign() {
     assert_ne!(k, t1);
     assert_eq!(t.bind_mw(q, t1, k, mr.lkey, 0x10_000, 8, RR), Ok(()));
     assert!(t.check(q, k, 0x10_000, 8, RR).is_ok());
-    assert_eq!(t.check(q, t1, 0x10_000, 1, RR), Err(AccessError::InvalidKey(t1)));
+    assert_eq!(
+        t.check(q, t1, 0x10_000, 1, RR),
+        Err(AccessError::InvalidKey(t1))
+    );
     // Rebound in place with the next key; a zero length unbinds.
     let k2 = t.draw_type1_key(k).unwrap();
     assert_eq!(t.bind_mw(q, k, k2, mr.lkey, 0x10_008, 8, RR), Ok(()));
-    assert_eq!(t.check(q, k, 0x10_000, 1, RR), Err(AccessError::InvalidKey(k)));
+    assert_eq!(
+        t.check(q, k, 0x10_000, 1, RR),
+        Err(AccessError::InvalidKey(k))
+    );
     let k3 = t.draw_type1_key(k2).unwrap();
     assert_eq!(t.bind_mw(q, k2, k3, 0, 0, 0, RR), Ok(()));
     assert!(t.check(q, k3, 0x10_008, 1, RR).is_err());

@@ -220,6 +220,7 @@ pub fn table() -> Vec<FieldLayout> {
         "wr_complete" => wr_complete, "wr_abort" => wr_abort,
         "wr_atomic_write" => wr_atomic_write,
     });
+    fields!(t, "struct ibv_data_buf", ibv_data_buf { "addr" => addr, "length" => length });
     fields!(t, "struct ibv_srq", ibv_srq {
         "context" => context, "srq_context" => srq_context, "pd" => pd, "handle" => handle,
         "mutex" => mutex, "cond" => cond, "events_completed" => events_completed,

@@ -147,6 +147,14 @@ pub struct ibv_wc {
     pub dlid_path_bits: u8,
 }
 
+/// `struct ibv_data_buf` (`ibv_wr_set_inline_data_list`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_data_buf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
 /// `struct ibv_mw_bind` (the argument of `ibv_bind_mw`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

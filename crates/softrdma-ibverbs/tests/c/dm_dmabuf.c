@@ -65,8 +65,11 @@ int main(void)
 	CHECK(ibv_reg_dm_mr(a.pd, dm, 0, 4096, dacc & ~IBV_ACCESS_ZERO_BASED) == NULL && errno == EINVAL, "reg_dm_mr without ZERO_BASED");
 	errno = 0;
 	CHECK(ibv_reg_dm_mr(a.pd, dm, 4096, DM_LEN, dacc) == NULL && errno == EINVAL, "reg_dm_mr past the end");
-	errno = 0;
-	CHECK(ibv_reg_dm_mr(a.pd, dm, 0, 0, dacc) == NULL && errno == EINVAL, "reg_dm_mr length 0");
+	/* A zero length registers an empty region (as mlx5 allows). */
+	struct ibv_mr *empty = ibv_reg_dm_mr(a.pd, dm, 0, 0, dacc);
+	CHECK(empty != NULL && empty->length == 0 && ibv_dereg_mr(empty) == 0, "reg_dm_mr length 0");
+	CHECK(ibv_memcpy_to_dm(dm, 2, pat, 4) == EINVAL && ibv_memcpy_from_dm(back, dm, 0, 3) == EINVAL,
+	      "DM copies not 4-byte aligned");
 	errno = 0;
 	CHECK(ibv_reg_dm_mr(b.pd, dm, 0, 4096, dacc) == NULL && errno == EINVAL, "reg_dm_mr PD of another context");
 	struct ibv_mr *dmm = ibv_reg_dm_mr(a.pd, dm, 4096, 32768, dacc);
