@@ -329,6 +329,81 @@ fn perftest_runs() {
     }
 }
 
+/// perftest's `-a` sweep (2 B to 8 MiB) with each tool that takes it, 20 iterations per
+/// size: every size gets its row. (`ib_atomic_bw`/`_lat` refuse `-a`: "Message size cannot
+/// be changed for Atomic tests", on any device; `perftest_runs` covers them.)
+#[test]
+fn perftest_sweeps_every_size() {
+    let ips = ("127.0.5.2", "127.0.5.1");
+    let tools = [
+        "ib_write_bw",
+        "ib_read_bw",
+        "ib_send_bw",
+        "ib_write_lat",
+        "ib_read_lat",
+        "ib_send_lat",
+    ];
+    for (i, t) in tools.iter().enumerate() {
+        let (_, client) = server_client(t, ips, &["-a", "-n", "20"], 18640 + i as u16);
+        // One row per size from 2 B to 8 MiB, each with the 20 iterations.
+        let sizes: Vec<u64> = client
+            .lines()
+            .filter(|l| l.split_whitespace().nth(1) == Some("20"))
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect();
+        let want: Vec<u64> = (1..=23).map(|k| 1u64 << k).collect();
+        assert_eq!(
+            sizes, want,
+            "{t} -a: the rows
+{client}"
+        );
+    }
+}
+
+/// `ibv_srq_pingpong` (16 QPs sharing one SRQ), `ibv_xsrq_pingpong` (XRC: refused at once,
+/// as the device offers no XRC domain) and `ibv_asyncwatch` (waits for events on the device).
+#[test]
+fn srq_xsrq_and_asyncwatch() {
+    let (_, client) = server_client(
+        "ibv_srq_pingpong",
+        ("127.0.5.4", "127.0.5.3"),
+        &["-g", "0", "-n", "200"],
+        18650,
+    );
+    assert!(client.contains("200 iters in"), "{client}");
+    let x = wait_bounded(
+        on_softrdma("ibv_xsrq_pingpong", "softrdma0=127.0.5.5")
+            .args(["-d", "softrdma0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(20),
+    );
+    assert_clean_exit("ibv_xsrq_pingpong", &x);
+    let xt = String::from_utf8_lossy(&x.stderr).into_owned() + &String::from_utf8_lossy(&x.stdout);
+    assert!(
+        !x.status.success() && xt.contains("XRC Domain 95"),
+        "{:?}\n{xt}",
+        x.status
+    );
+    let a = wait_bounded(
+        on_softrdma("ibv_asyncwatch", "softrdma0=127.0.5.6")
+            .args(["-d", "softrdma0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(2),
+    );
+    let at = String::from_utf8_lossy(&a.stdout).into_owned();
+    assert!(
+        a.status.code().is_none() && at.contains("softrdma0: async event FD"),
+        "{:?}\n{at}",
+        a.status
+    );
+}
+
 /// Acceptance 5: the data path misused and used through verbs.h (tests/c/datapath.c).
 #[test]
 fn c_api_datapath_and_misuse() {

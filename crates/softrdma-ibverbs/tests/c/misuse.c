@@ -51,9 +51,12 @@ int main(void)
 	CHECK(ibv_query_gid_ex(ctx, 1, 5, &ge, 0) == ENODATA, "gid_ex empty");
 	__be16 pkey;
 	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == 0xffff, "pkey");
-	struct ibv_cq_init_attr_ex cqa = { .cqe = 16 };
+	struct ibv_cq_init_attr_ex cqa = { .cqe = 16, .wc_flags = IBV_WC_EX_WITH_CVLAN };
 	errno = 0;
-	CHECK(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "create_cq_ex errno=%d", errno);
+	CHECK(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "create_cq_ex with CVLAN errno=%d", errno);
+	cqa.wc_flags = 0;
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cqa);
+	CHECK(cqx && ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0, "create_cq_ex errno=%d", errno);
 
 	/* PD and MR. */
 	errno = 0;
