@@ -4,8 +4,8 @@
 //! verbs.h consults `verbs_context` only when `context.abi_compat` is `UINTPTR_MAX`; then each
 //! inline wrapper calls its slot if it is non-NULL and otherwise behaves as before (a fallback
 //! to the exported function, or EOPNOTSUPP). [`install`] fills `query_device_ex`,
-//! `reg_dm_mr`, `alloc_dm`, `free_dm`, `create_qp_ex` and `create_cq_ex` and sets the
-//! marker, on a context just opened
+//! `reg_dm_mr`, `alloc_dm`, `free_dm`, `create_qp_ex`, `create_cq_ex` and `advise_mr` and
+//! sets the marker, on a context just opened
 //! (before its pointer reaches C); every other slot stays NULL.
 
 use core::ffi::{c_int, c_void};
@@ -43,6 +43,7 @@ pub unsafe fn install(ctx: *mut ibv_context) {
         (*ops)[vctx_slot::FREE_DM] = slot(crate::dm::free_dm as *const ());
         (*ops)[vctx_slot::CREATE_QP_EX] = slot(create_qp_ex as *const ());
         (*ops)[vctx_slot::CREATE_CQ_EX] = slot(crate::cq::create_cq_ex as *const ());
+        (*ops)[vctx_slot::ADVISE_MR] = slot(advise_mr as *const ());
         core::ptr::addr_of_mut!((*ctx).abi_compat).write(VERBS_ABI_IS_EXTENDED as *mut c_void);
     }
 }
@@ -104,6 +105,25 @@ pub unsafe extern "C" fn query_device_ex(
             offset_of!(ibv_device_attr_ex, phys_port_cnt_ex),
             &1u32.to_ne_bytes(),
         );
+        // On-demand paging: a region registered with IBV_ACCESS_ON_DEMAND is never pinned
+        // (in any pin mode) and its pages are faulted in by the transfers that reach them, on
+        // every transport and operation (no implicit ODP: a registration names its bytes).
+        let caps = offset_of!(ibv_device_attr_ex, odp_caps);
+        let per = caps + offset_of!(ibv_odp_caps, per_transport_caps);
+        put(
+            caps + offset_of!(ibv_odp_caps, general_caps),
+            &odp::SUPPORT.to_ne_bytes(),
+        );
+        let rc = odp::SEND | odp::RECV | odp::WRITE | odp::READ | odp::ATOMIC | odp::SRQ_RECV;
+        let uc = odp::SEND | odp::RECV | odp::WRITE | odp::SRQ_RECV;
+        let ud = odp::SEND | odp::RECV | odp::SRQ_RECV;
+        for (field, bits) in [
+            (offset_of!(ibv_odp_per_transport_caps, rc_odp_caps), rc),
+            (offset_of!(ibv_odp_per_transport_caps, uc_odp_caps), uc),
+            (offset_of!(ibv_odp_per_transport_caps, ud_odp_caps), ud),
+        ] {
+            put(per + field, &bits.to_ne_bytes());
+        }
         Ok(())
     })
 }
@@ -174,5 +194,66 @@ pub unsafe extern "C" fn create_qp_ex(
         // SAFETY: as above (writable per the contract): the granted capacities go back.
         unsafe { (*attr).cap = base.cap };
         Ok(qp)
+    })
+}
+
+/// `enum ibv_odp_general_caps` and `enum ibv_odp_transport_cap_bits`.
+mod odp {
+    pub const SUPPORT: u64 = 1 << 0;
+    pub const SEND: u32 = 1 << 0;
+    pub const RECV: u32 = 1 << 1;
+    pub const WRITE: u32 = 1 << 2;
+    pub const READ: u32 = 1 << 3;
+    pub const ATOMIC: u32 = 1 << 4;
+    pub const SRQ_RECV: u32 = 1 << 5;
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): prefetch the ranges named by `sg_list` (local
+/// keys of `pd`'s regions) so that transfers do not fault their pages in. Advice
+/// `IBV_ADVISE_MR_ADVICE_PREFETCH` and `PREFETCH_NO_FAULT` populate for reading,
+/// `PREFETCH_WRITE` for writing (the region must allow `LOCAL_WRITE`); the work is done before
+/// the call returns, with `IBV_ADVISE_MR_FLAG_FLUSH` or without. 0 or errno: EINVAL (not a PD
+/// of ours, no SGE, unknown advice or flags, a key not of a region of `pd`, a range outside it,
+/// a write prefetch of a region without LOCAL_WRITE), EFAULT (memory gone).
+///
+/// # Safety
+/// `sg_list` is NULL or points to `num_sge` readable SGEs.
+pub unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    ffi_errno(|| {
+        const PREFETCH: u32 = 0;
+        const PREFETCH_WRITE: u32 = 1;
+        const PREFETCH_NO_FAULT: u32 = 2;
+        const FLAG_FLUSH: u32 = 1;
+        // SAFETY: the C API forbids deallocating the PD concurrently.
+        let p = unsafe { crate::mr::Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+        if sg_list.is_null() || num_sge == 0 || flags & !FLAG_FLUSH != 0 {
+            return Err(libc::EINVAL);
+        }
+        let write = match advice {
+            PREFETCH | PREFETCH_NO_FAULT => false,
+            PREFETCH_WRITE => true,
+            _ => return Err(libc::EINVAL),
+        };
+        let mem = p.shared.verbs()?.mem().clone();
+        let ctx = softrdma::mem::AccessCtx {
+            pd: p.vpd.handle(),
+            qpn: 0,
+        };
+        for i in 0..num_sge as usize {
+            // SAFETY: `num_sge` readable entries per the contract.
+            let s = unsafe { sg_list.add(i).read() };
+            mem.prefetch(ctx, s.lkey, s.addr, u64::from(s.length), write)
+                .map_err(|e| match e {
+                    softrdma::mem::AccessError::Fault(_) => libc::EFAULT,
+                    _ => libc::EINVAL,
+                })?;
+        }
+        Ok(())
     })
 }

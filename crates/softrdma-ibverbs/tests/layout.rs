@@ -127,6 +127,7 @@ fn sizes_as_documented() {
         // verbs.h (offsetof(struct verbs_context, ...)): create_cq_ex 200, create_qp_ex 264.
         (vctx_slot::CREATE_CQ_EX, 200),
         (vctx_slot::CREATE_QP_EX, 264),
+        (vctx_slot::ADVISE_MR, 8),
     ] {
         assert_eq!(offset_of!(verbs_context, ops) + slot * 8, off);
     }

@@ -1,4 +1,4 @@
-/* The extended verbs through verbs.h: ibv_create_cq_ex with ibv_start_poll/next_poll/
+/* The extended verbs through verbs.h: ODP capabilities and ibv_advise_mr, ibv_create_cq_ex with ibv_start_poll/next_poll/
  * end_poll and the ibv_wc_read_* calls, ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
  * and the ibv_wr_* post API (SEND with immediate from an SGE list, inline SEND, WRITE, READ,
  * both atomics, a type 2 window bound with ibv_wr_bind_mw, LOCAL_INV, a batch aborted, a
@@ -76,6 +76,26 @@ int main(void)
 		printf("FAIL setup\n");
 		return 1;
 	}
+
+	/* On-demand paging: reported, registered, prefetched (ibv_advise_mr). */
+	struct ibv_device_attr_ex ax;
+	CHECK(ibv_query_device_ex(a.ctx, NULL, &ax) == 0 && (ax.odp_caps.general_caps & IBV_ODP_SUPPORT) &&
+	      !(ax.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT) &&
+	      (ax.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_ATOMIC), "odp caps");
+	char *odp_buf = malloc(1 << 20);
+	struct ibv_mr *odp = ibv_reg_mr(a.pd, odp_buf, 1 << 20, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(odp != NULL, "reg_mr ON_DEMAND");
+	struct ibv_sge psge = { .addr = (uintptr_t)odp_buf + 4096, .length = 65536, .lkey = odp ? odp->lkey : 0 };
+	CHECK(ibv_advise_mr(a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &psge, 1) == 0,
+	      "advise_mr prefetch write");
+	CHECK(ibv_advise_mr(a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &psge, 1) == 0, "advise_mr prefetch");
+	CHECK(ibv_advise_mr(a.pd, 7, 0, &psge, 1) == EINVAL, "advise_mr bad advice");
+	CHECK(ibv_advise_mr(a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &psge, 0) == EINVAL, "advise_mr no SGE");
+	CHECK(ibv_advise_mr(b.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &psge, 1) == EINVAL, "advise_mr other PD");
+	psge.length = 2 << 20;
+	CHECK(ibv_advise_mr(a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &psge, 1) == EINVAL, "advise_mr past the region");
+	CHECK(odp && ibv_dereg_mr(odp) == 0, "dereg ODP region");
+	free(odp_buf);
 
 	/* Extended CQs: what is refused. */
 	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS };

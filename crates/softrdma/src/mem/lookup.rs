@@ -13,6 +13,57 @@ use super::{
 };
 
 impl MemoryTable {
+    /// Prefetch (`ibv_advise_mr`): validate `[iova, iova+len)` under the local key `key` for
+    /// `ctx`'s PD (`LOCAL_WRITE` too when `write`), then have the kernel populate the pages
+    /// behind it (`MADV_POPULATE_WRITE` or `_READ`; `MADV_WILLNEED` on a kernel without them),
+    /// so that the first transfer does not fault them in. Nothing is read or written. A range
+    /// whose memory is gone is a `Fault`, recorded nowhere (no transfer met it).
+    pub fn prefetch(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(), AccessError> {
+        let need = if write {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        self.with_target_inner(ctx, key, iova, len, need, |host, _| {
+            if len == 0 {
+                return Ok(());
+            }
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+            let start = host as usize & !(page - 1);
+            let end = (host as usize).saturating_add(len as usize);
+            let advice = if write {
+                libc::MADV_POPULATE_WRITE
+            } else {
+                libc::MADV_POPULATE_READ
+            };
+            // SAFETY: madvise only advises about (populates) pages of a range the region
+            // covers and that is validated and held in flight above; it changes no byte.
+            let rc = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
+            if rc == 0 {
+                return Ok(());
+            }
+            match std::io::Error::last_os_error().raw_os_error() {
+                // A kernel before 5.14: only a hint.
+                Some(libc::EINVAL) => {
+                    // SAFETY: as above.
+                    unsafe {
+                        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED)
+                    };
+                    Ok(())
+                }
+                _ => Err(AccessError::Fault(key)),
+            }
+        })
+    }
+
     /// How a region's bytes are reached: memory that may vanish under the engine (raw
     /// memory, a file the application can still truncate) as the table is configured for raw
     /// memory, memory the engine keeps mapped and whole with plain copies.

@@ -452,10 +452,13 @@ pub fn check_modify(
         return Err(bad("sq_psn"));
     }
     if has(QpAttrMask::ACCESS_FLAGS) {
+        // ON_DEMAND is a region's flag; rdma-core's tests hand the same flags to the QP, and
+        // the kernel's drivers let it through: accepted, and it changes nothing for a QP.
         let allowed = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC;
+            | Access::REMOTE_ATOMIC
+            | Access::ON_DEMAND;
         if attr.qp_access_flags.0 & !allowed.0 != 0 {
             return Err(bad("qp_access_flags"));
         }
