@@ -191,8 +191,9 @@ unsafe fn create(
 /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` is accepted (a hint). NULL with errno EINVAL (as
 /// `ibv_create_cq`; NULL `attr`; unknown `comp_mask` bits) or EOPNOTSUPP: completion
 /// timestamps (softrdma has no clock of the wire's to report; a host clock read at poll
-/// time would claim what it does not know), CVLAN, flow tags, tag matching, a parent domain,
-/// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`.
+/// time would claim what it does not know), CVLAN, flow tags, tag matching,
+/// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`. A `parent_domain` must be a PD or parent domain of the
+/// context (EINVAL otherwise).
 ///
 /// # Safety
 /// `attr` is NULL or points to a readable `ibv_cq_init_attr_ex`.
@@ -221,11 +222,19 @@ pub unsafe extern "C" fn create_cq_ex(
         if flags & !(SINGLE_THREADED | IGNORE_OVERRUN) != 0 {
             return Err(libc::EINVAL);
         }
-        if a.comp_mask & MASK_PD != 0
-            || flags & IGNORE_OVERRUN != 0
-            || a.wc_flags & !cq_wc_flags::STANDARD != 0
-        {
+        if flags & IGNORE_OVERRUN != 0 || a.wc_flags & !cq_wc_flags::STANDARD != 0 {
             return Err(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & MASK_PD != 0 {
+            // A parent domain (or PD) of the context: its allocators are never called (the
+            // ring lives in the engine).
+            // SAFETY: the registry check; the C API keeps it alive meanwhile.
+            let ok = unsafe { crate::mr::Pd::from_ibv(a.parent_domain) }
+                .zip(unsafe { Context::from_ibv(context) })
+                .is_some_and(|(p, c)| Arc::ptr_eq(&p.shared, &c.shared));
+            if !ok {
+                return Err(libc::EINVAL);
+            }
         }
         let cqe = c_int::try_from(a.cqe).map_err(|_| libc::EINVAL)?;
         let vector = c_int::try_from(a.comp_vector).map_err(|_| libc::EINVAL)?;

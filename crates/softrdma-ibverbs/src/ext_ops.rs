@@ -4,8 +4,8 @@
 //! verbs.h consults `verbs_context` only when `context.abi_compat` is `UINTPTR_MAX`; then each
 //! inline wrapper calls its slot if it is non-NULL and otherwise behaves as before (a fallback
 //! to the exported function, or EOPNOTSUPP). [`install`] fills `query_device_ex`,
-//! `reg_dm_mr`, `alloc_dm`, `free_dm`, `create_qp_ex`, `create_cq_ex` and `advise_mr` and
-//! sets the marker, on a context just opened
+//! `reg_dm_mr`, `alloc_dm`, `free_dm`, `create_qp_ex`, `create_cq_ex`, `advise_mr` and
+//! `alloc_parent_domain` and sets the marker, on a context just opened
 //! (before its pointer reaches C); every other slot stays NULL.
 
 use core::ffi::{c_int, c_void};
@@ -44,6 +44,7 @@ pub unsafe fn install(ctx: *mut ibv_context) {
         (*ops)[vctx_slot::CREATE_QP_EX] = slot(create_qp_ex as *const ());
         (*ops)[vctx_slot::CREATE_CQ_EX] = slot(crate::cq::create_cq_ex as *const ());
         (*ops)[vctx_slot::ADVISE_MR] = slot(advise_mr as *const ());
+        (*ops)[vctx_slot::ALLOC_PARENT_DOMAIN] = slot(crate::mr::alloc_parent_domain as *const ());
         core::ptr::addr_of_mut!((*ctx).abi_compat).write(VERBS_ABI_IS_EXTENDED as *mut c_void);
     }
 }

@@ -32,7 +32,16 @@ pub struct Pd {
     pub vpd: verbs::Pd,
     /// Objects made from this PD and not yet destroyed.
     pub users: AtomicU32,
+    /// For a parent domain (`ibv_alloc_parent_domain`): the protection domain it stands for
+    /// (it holds that PD); NULL for a PD.
+    pub parent: *mut ibv_pd,
 }
+
+// SAFETY: `parent` names a PD of this library that the C API keeps alive while this one
+// lives (it counts as one of its users); it is only read.
+unsafe impl Send for Pd {}
+// SAFETY: as above.
+unsafe impl Sync for Pd {}
 
 impl core::fmt::Debug for Pd {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -116,8 +125,62 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd 
             shared,
             vpd,
             users: AtomicU32::new(0),
+            parent: core::ptr::null_mut(),
         }))
         .cast::<ibv_pd>();
+        registry::insert(p, Kind::Pd);
+        Ok(p)
+    })
+}
+
+/// `verbs_context.alloc_parent_domain` (`ibv_alloc_parent_domain`): a PD that stands for
+/// `attr->pd` everywhere a PD is taken (regions, windows, QPs, SRQs, AHs, an extended CQ's
+/// `parent_domain`); freed with `ibv_dealloc_pd`, and `attr->pd` cannot be freed before it
+/// (EBUSY). The custom allocators (`IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`) are accepted
+/// and never called: this library allocates no queue memory the application could place
+/// (queues live in the engine). NULL with errno EINVAL (not a context of ours, NULL `attr`,
+/// `attr->pd` not a PD of the context or a parent domain itself, unknown `comp_mask` bits),
+/// or EOPNOTSUPP for a thread domain (`attr->td`: none can be allocated here).
+///
+/// # Safety
+/// `attr` is NULL or points to a readable `ibv_parent_domain_init_attr`.
+pub unsafe extern "C" fn alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    ffi_ptr(|| {
+        // SAFETY: the C API forbids closing the context concurrently.
+        let shared = unsafe { shared_of(context) }?;
+        if attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: non-NULL and readable per the contract.
+        let a = unsafe { attr.read() };
+        const ALLOCATORS: u32 = 1 << 0;
+        const PD_CONTEXT: u32 = 1 << 1;
+        if a.comp_mask & !(ALLOCATORS | PD_CONTEXT) != 0 {
+            return Err(libc::EINVAL);
+        }
+        if !a.td.is_null() {
+            return Err(libc::EOPNOTSUPP);
+        }
+        // SAFETY: registry-checked; the C API forbids deallocating it concurrently.
+        let parent = unsafe { Pd::from_ibv(a.pd) }.ok_or(libc::EINVAL)?;
+        if !Arc::ptr_eq(&parent.shared, &shared) || !parent.parent.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let p = Box::into_raw(Box::new(Pd {
+            pd: ibv_pd {
+                context,
+                handle: parent.pd.handle,
+            },
+            shared,
+            vpd: parent.vpd.clone(),
+            users: AtomicU32::new(0),
+            parent: a.pd,
+        }))
+        .cast::<ibv_pd>();
+        parent.hold();
         registry::insert(p, Kind::Pd);
         Ok(p)
     })
@@ -137,6 +200,10 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if p.users.load(Ordering::Acquire) > 0 {
             registry::insert(pd, Kind::Pd);
             return Err(libc::EBUSY);
+        }
+        if !p.parent.is_null() {
+            // SAFETY: a parent domain's PD is held by it, so it is live.
+            unsafe { &*p.parent.cast::<Pd>() }.release();
         }
         // SAFETY: claimed above; it came from Box::into_raw.
         drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });

@@ -139,6 +139,19 @@ pub mod qp_init_attr_mask {
     pub const SEND_OPS_FLAGS: u32 = 1 << 6;
 }
 
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut c_void,
+    pub comp_mask: u32,
+    pub alloc:
+        Option<unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void>,
+    pub free: Option<unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64)>,
+    pub pd_context: *mut c_void,
+}
+
 /// `struct ibv_srq_attr`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

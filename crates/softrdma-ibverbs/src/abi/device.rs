@@ -127,6 +127,7 @@ pub mod vctx_slot {
     pub const REG_DM_MR: usize = 7;
     pub const ALLOC_DM: usize = 8;
     pub const FREE_DM: usize = 9;
+    pub const ALLOC_PARENT_DOMAIN: usize = 14;
     pub const CREATE_CQ_EX: usize = 25;
     pub const QUERY_DEVICE_EX: usize = 27;
     pub const OPEN_QP: usize = 32;

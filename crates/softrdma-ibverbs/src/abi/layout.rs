@@ -221,6 +221,10 @@ pub fn table() -> Vec<FieldLayout> {
         "wr_atomic_write" => wr_atomic_write,
     });
     fields!(t, "struct ibv_data_buf", ibv_data_buf { "addr" => addr, "length" => length });
+    fields!(t, "struct ibv_parent_domain_init_attr", ibv_parent_domain_init_attr {
+        "pd" => pd, "td" => td, "comp_mask" => comp_mask, "alloc" => alloc, "free" => free,
+        "pd_context" => pd_context,
+    });
     fields!(t, "struct ibv_srq", ibv_srq {
         "context" => context, "srq_context" => srq_context, "pd" => pd, "handle" => handle,
         "mutex" => mutex, "cond" => cond, "events_completed" => events_completed,

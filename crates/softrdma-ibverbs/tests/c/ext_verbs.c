@@ -1,4 +1,5 @@
-/* The extended verbs through verbs.h: ODP capabilities and ibv_advise_mr, ibv_create_cq_ex with ibv_start_poll/next_poll/
+/* The extended verbs through verbs.h: ODP capabilities and ibv_advise_mr, parent domains,
+ * ibv_create_cq_ex with ibv_start_poll/next_poll/
  * end_poll and the ibv_wc_read_* calls, ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
  * and the ibv_wr_* post API (SEND with immediate from an SGE list, inline SEND, WRITE, READ,
  * both atomics, a type 2 window bound with ibv_wr_bind_mw, LOCAL_INV, a batch aborted, a
@@ -96,6 +97,18 @@ int main(void)
 	CHECK(ibv_advise_mr(a.pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &psge, 1) == EINVAL, "advise_mr past the region");
 	CHECK(odp && ibv_dereg_mr(odp) == 0, "dereg ODP region");
 	free(odp_buf);
+
+	/* A parent domain stands for its PD (the PD cannot go first); its regions work. */
+	struct ibv_parent_domain_init_attr pda = { .pd = a.pd };
+	struct ibv_pd *pdom = ibv_alloc_parent_domain(a.ctx, &pda);
+	CHECK(pdom != NULL && pdom != a.pd, "alloc_parent_domain errno %d", errno);
+	struct ibv_parent_domain_init_attr nested = { .pd = pdom };
+	errno = 0;
+	CHECK(ibv_alloc_parent_domain(a.ctx, &nested) == NULL && errno == EINVAL, "parent domain of a parent domain");
+	struct ibv_mr *pmr = pdom ? ibv_reg_mr(pdom, a.buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
+	CHECK(pmr && pmr->pd == pdom, "reg_mr on a parent domain");
+	CHECK(ibv_dealloc_pd(a.pd) == EBUSY, "the PD outlives its parent domain");
+	CHECK(pmr && ibv_dereg_mr(pmr) == 0 && ibv_dealloc_pd(pdom) == 0, "parent domain freed");
 
 	/* Extended CQs: what is refused. */
 	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS };
