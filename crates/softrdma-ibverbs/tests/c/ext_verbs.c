@@ -130,6 +130,9 @@ int main(void)
 		return 1;
 	struct ibv_poll_cq_attr pa = { 0 };
 	CHECK(ibv_start_poll(cqa, &pa) == ENOENT, "start_poll on an empty CQ");
+	CHECK(ibv_resize_cq(ibv_cq_ex_to_cq(cqa), 32) == 0 && ibv_cq_ex_to_cq(cqa)->cqe == 32 &&
+	      ibv_resize_cq(ibv_cq_ex_to_cq(cqa), 64) == 0 && ibv_resize_cq(ibv_cq_ex_to_cq(cqa), 0) == EINVAL,
+	      "resize_cq");
 	pa.comp_mask = 1;
 	CHECK(ibv_start_poll(cqa, &pa) == EINVAL, "start_poll with comp_mask bits");
 

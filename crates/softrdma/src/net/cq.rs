@@ -214,7 +214,8 @@ pub struct CqCore {
     /// Completions in `ring` (changed under its lock): an empty poll, what a busy poller
     /// mostly makes, looks here and takes no lock.
     queued: AtomicUsize,
-    cap: usize,
+    /// Entries at most (changed by `resize`, under the ring's lock).
+    cap: AtomicUsize,
     overrun: AtomicBool,
     armed: AtomicU8,
     channel: Option<Arc<ChannelCore>>,
@@ -227,7 +228,7 @@ impl CqCore {
             id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
             ring: Mutex::new(VecDeque::with_capacity(cqe)),
             queued: AtomicUsize::new(0),
-            cap: cqe,
+            cap: AtomicUsize::new(cqe),
             overrun: AtomicBool::new(false),
             armed: AtomicU8::new(ARM_NONE),
             channel,
@@ -241,7 +242,18 @@ impl CqCore {
 
     /// Capacity.
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// Change the capacity to `cqe` entries (`ibv_resize_cq`). Refused (false) when more
+    /// completions than that are waiting: none is ever dropped by a resize.
+    pub fn resize(&self, cqe: usize) -> bool {
+        let r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        if r.len() > cqe {
+            return false;
+        }
+        self.cap.store(cqe, Ordering::Relaxed);
+        true
     }
 
     /// True once a completion was lost because the ring was full (the CQ is then in error, as
@@ -254,7 +266,7 @@ impl CqCore {
     pub fn push(&self, wc: WorkCompletion) {
         {
             let mut r = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-            if r.len() >= self.cap {
+            if r.len() >= self.cap.load(Ordering::Relaxed) {
                 self.overrun.store(true, Ordering::Relaxed);
                 tracing::warn!(cq = self.id, "completion queue overrun");
                 return;

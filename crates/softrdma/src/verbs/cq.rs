@@ -120,4 +120,15 @@ impl Cq {
     pub fn overrun(&self) -> bool {
         self.core.overrun()
     }
+
+    /// Change the number of entries to `cqe` (`ibv_resize_cq`): `InvalidArgument` when more
+    /// completions than that are waiting (nothing is dropped), or for 0.
+    pub fn resize(&self, cqe: u32) -> Result<(), VerbsError> {
+        if cqe == 0 || !self.core.resize(cqe as usize) {
+            return Err(VerbsError::InvalidArgument(
+                "a CQ cannot shrink below its waiting completions, or to 0".into(),
+            ));
+        }
+        Ok(())
+    }
 }
