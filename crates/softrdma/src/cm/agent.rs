@@ -82,6 +82,27 @@ struct Conn {
     defer_rtu: bool,
 }
 
+impl Conn {
+    /// A connection in `state` with `peer` (its ID `remote_comm_id`, 0 until known), the
+    /// transaction `tid`, begun at `started`; nothing sent or awaited yet.
+    fn new(state: State, peer: IpAddr, remote_comm_id: u32, tid: u64, started: u64) -> Conn {
+        Conn {
+            state,
+            peer,
+            remote_comm_id,
+            remote_guid: 0,
+            tid,
+            remote_qpn: 0,
+            last: None,
+            retries_left: 0,
+            wait_ns: 0,
+            deadline: None,
+            started,
+            defer_rtu: false,
+        }
+    }
+}
+
 /// REQs held for a listener at most (more are rejected at once).
 const MAX_HELD: usize = 1024;
 
@@ -311,31 +332,30 @@ impl Agent {
             alternate: CmPath::default(),
             private_data: p.private_data,
         }));
-        // Refuse what cannot be sent before any state exists.
+        let conn = Conn {
+            defer_rtu: p.defer_rtu,
+            ..Conn::new(State::ReqSent, p.peer, 0, tid, now)
+        };
+        self.open_active(now, id, conn, req)
+    }
+
+    /// Start active connection (or resolution) `id`: refuse `msg` if it cannot be sent
+    /// before any state exists, then send it, awaiting an answer with the usual retries.
+    fn open_active(
+        &mut self,
+        now: u64,
+        id: ConnId,
+        conn: Conn,
+        msg: CmMessage,
+    ) -> Result<ConnId, Error> {
         CmMad {
-            tid,
-            msg: req.clone(),
+            tid: conn.tid,
+            msg: msg.clone(),
         }
         .emit(&mut [0u8; MAD_LEN])?;
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::ReqSent,
-                peer: p.peer,
-                remote_comm_id: 0,
-                remote_guid: 0,
-                tid,
-                remote_qpn: 0,
-                last: None,
-                retries_left: 0,
-                wait_ns: 0,
-                deadline: None,
-                started: now,
-                defer_rtu: p.defer_rtu,
-            },
-        );
+        self.conns.insert(id, conn);
         let wait = timeout_ns(self.cfg.response_timeout);
-        self.send_awaiting(now, id, req, wait, self.cfg.max_retries);
+        self.send_awaiting(now, id, msg, wait, self.cfg.max_retries);
         Ok(id)
     }
 
@@ -547,31 +567,8 @@ impl Agent {
             service_id: p.service_id,
             private_data: p.private_data,
         }));
-        CmMad {
-            tid,
-            msg: req.clone(),
-        }
-        .emit(&mut [0u8; MAD_LEN])?;
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::SidrReqSent,
-                peer: p.peer,
-                remote_comm_id: 0,
-                remote_guid: 0,
-                tid,
-                remote_qpn: 0,
-                last: None,
-                retries_left: 0,
-                wait_ns: 0,
-                deadline: None,
-                started: now,
-                defer_rtu: false,
-            },
-        );
-        let wait = timeout_ns(self.cfg.response_timeout);
-        self.send_awaiting(now, id, req, wait, self.cfg.max_retries);
-        Ok(id)
+        let conn = Conn::new(State::SidrReqSent, p.peer, 0, tid, now);
+        self.open_active(now, id, conn, req)
     }
 
     /// Answer a resolution reported by `SidrRequest` with a SIDR_REP; the SIDR_REP is
@@ -727,19 +724,11 @@ impl Agent {
         self.conns.insert(
             id,
             Conn {
-                state: State::ReqRcvd,
-                peer: from,
-                remote_comm_id: req.local_comm_id,
                 remote_guid: req.local_ca_guid,
-                tid,
                 remote_qpn: req.local_qpn,
                 // Kept for the peer's timeouts (see `accept`).
                 last: Some(CmMessage::Req(Box::new(req.clone()))),
-                retries_left: 0,
-                wait_ns: 0,
-                deadline: None,
-                started: 0,
-                defer_rtu: false,
+                ..Conn::new(State::ReqRcvd, from, req.local_comm_id, tid, 0)
             },
         );
         self.by_remote
@@ -792,23 +781,8 @@ impl Agent {
             return;
         }
         let id = self.new_comm_id();
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::SidrReqRcvd,
-                peer: from,
-                remote_comm_id: req.request_id,
-                remote_guid: 0,
-                tid,
-                remote_qpn: 0,
-                last: None,
-                retries_left: 0,
-                wait_ns: 0,
-                deadline: None,
-                started: now,
-                defer_rtu: false,
-            },
-        );
+        let conn = Conn::new(State::SidrReqRcvd, from, req.request_id, tid, now);
+        self.conns.insert(id, conn);
         self.by_remote.insert((from, req.request_id, 0), id);
         self.events.push_back(CmEvent::SidrRequest {
             conn: id,
