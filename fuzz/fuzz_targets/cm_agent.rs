@@ -33,15 +33,26 @@ const MAX_CONNS: usize = 8;
 #[derive(Arbitrary, Debug)]
 enum Step {
     /// A connects (to B's service or another).
-    Connect { other_service: bool, private_len: u8 },
+    Connect {
+        other_service: bool,
+        private_len: u8,
+    },
     /// A resolves a service ID (SIDR_REQ; B's service or another).
-    Resolve { other_service: bool, private_len: u8 },
+    Resolve {
+        other_service: bool,
+        private_len: u8,
+    },
     /// Move queued MADs: each delivered, dropped or duplicated by the mask.
     Deliver { drop_mask: u8, dup_mask: u8 },
     /// The stranger sends raw bytes to A or B.
     Raw { to_b: bool, bytes: Vec<u8> },
     /// The stranger (or the real peer) sends a corrupted copy of the last MAD seen.
-    Mangle { to_b: bool, from_peer: bool, at: u8, xor: u8 },
+    Mangle {
+        to_b: bool,
+        from_peer: bool,
+        at: u8,
+        xor: u8,
+    },
     /// Time passes (up to about a second).
     Wait { micros: u32 },
     /// A sends the RTU of a connection made with a deferred RTU.
@@ -49,7 +60,11 @@ enum Step {
     /// B accepts, rejects or ignores its oldest pending request.
     Answer { accept: bool },
     /// Either side disconnects or destroys one of its connections.
-    Close { b_side: bool, index: u8, destroy: bool },
+    Close {
+        b_side: bool,
+        index: u8,
+        destroy: bool,
+    },
 }
 
 fn cfg(guid: u64) -> AgentConfig {
@@ -177,13 +192,20 @@ impl World {
                 }
                 e => e.conn(),
             };
-            assert!(side.stranger.contains(&conn), "a stranger's MAD moved {e:?}");
+            assert!(
+                side.stranger.contains(&conn),
+                "a stranger's MAD moved {e:?}"
+            );
             side.record(e);
         }
         if events == 0 && !had_own {
             if is_req {
                 // A REQ for a service nobody listens on is held for a while (a timer).
-                assert_eq!(observe(side).0, before.0, "a stranger's REQ made a connection");
+                assert_eq!(
+                    observe(side).0,
+                    before.0,
+                    "a stranger's REQ made a connection"
+                );
             } else {
                 assert_eq!(observe(side), before, "a stranger's MAD changed the agent");
             }
@@ -241,7 +263,10 @@ impl World {
                     assert!(self.a.known.insert(id));
                 }
             }
-            Step::Deliver { drop_mask, dup_mask } => {
+            Step::Deliver {
+                drop_mask,
+                dup_mask,
+            } => {
                 let q = std::mem::take(&mut self.queue);
                 for (i, (from, t)) in q.into_iter().enumerate() {
                     let bit = 1u8 << (i % 8);
@@ -288,7 +313,9 @@ impl World {
                 }
             }
             Step::Answer { accept } => {
-                let Some(&id) = self.b.pending.first() else { return };
+                let Some(&id) = self.b.pending.first() else {
+                    return;
+                };
                 self.b.pending.remove(0);
                 if accept {
                     let p = AcceptParams {
@@ -326,7 +353,9 @@ impl World {
                     return;
                 };
                 if destroy {
-                    side.agent.destroy(id).expect("a known connection can be destroyed");
+                    side.agent
+                        .destroy(id)
+                        .expect("a known connection can be destroyed");
                     side.known.remove(&id);
                     side.pending.retain(|&c| c != id);
                     side.stranger.remove(&id);
@@ -363,7 +392,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut u = Unstructured::new(data);
     for _ in 0..64 {
-        let Ok(s) = Step::arbitrary(&mut u) else { break };
+        let Ok(s) = Step::arbitrary(&mut u) else {
+            break;
+        };
         w.step(s);
     }
 });

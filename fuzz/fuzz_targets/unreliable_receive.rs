@@ -42,10 +42,7 @@ const IB: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 /// The regions: (length, rights). 0: writable (UC WRITE target); 1: read-only; 2: receive
 /// buffers.
 const REGIONS: [(usize, Access); 3] = [
-    (
-        1024,
-        Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0),
-    ),
+    (1024, Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0)),
     (512, Access::REMOTE_READ),
     (4096, Access::LOCAL_WRITE),
 ];
@@ -275,15 +272,22 @@ impl World {
                 };
                 let before = self.recv_wcs;
                 let from = self.from(len + 40);
-                self.ud.handle_packet_from(0, &pkt, Some(&from), &self.mem, None);
+                self.ud
+                    .handle_packet_from(0, &pkt, Some(&from), &self.mem, None);
                 let mut got = 0;
                 while let Some(wc) = self.ud.poll_recv_completion() {
                     got += 1;
                     self.recv_wcs += 1;
-                    assert!(self.recv_wcs <= self.recvs_posted, "more receives than posted");
+                    assert!(
+                        self.recv_wcs <= self.recvs_posted,
+                        "more receives than posted"
+                    );
                     let (h, blen) = self.ud_recvs.pop_front().expect("a posted receive");
                     assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-                    assert!(!other_qpn && qk == QKEY, "delivered with Q_Key {qk:#x}: {wc:?}");
+                    assert!(
+                        !other_qpn && qk == QKEY,
+                        "delivered with Q_Key {qk:#x}: {wc:?}"
+                    );
                     assert!(len <= MTU, "a datagram longer than the MTU was delivered");
                     assert!(GRH_LEN + len <= blen, "delivered into a buffer too short");
                     assert_eq!(wc.byte_len as usize, GRH_LEN + len);
@@ -372,7 +376,10 @@ impl World {
     fn uc_completions(&mut self) {
         while let Some(wc) = self.uc.poll_recv_completion() {
             self.recv_wcs += 1;
-            assert!(self.recv_wcs <= self.recvs_posted, "more receives than posted");
+            assert!(
+                self.recv_wcs <= self.recvs_posted,
+                "more receives than posted"
+            );
             let blen = self.uc_recv_lens.pop_front().expect("a posted receive");
             if wc.status == WcStatus::Success && wc.opcode == softrdma::rc::WcOpcode::Recv {
                 assert!(u64::from(wc.byte_len) <= blen, "{wc:?} into {blen} bytes");

@@ -196,6 +196,12 @@ impl MemoryTable {
         access: Access,
     ) -> Result<(), AccessError> {
         let slot = self.slot(mw_key)?;
+        if self.slot_index(new_rkey) != self.slot_index(mw_key) {
+            return Err(AccessError::InvalidOperation(mw_key));
+        }
+        if self.slot_index(mr_lkey) == self.slot_index(mw_key) {
+            return Err(AccessError::InvalidKey(mr_lkey));
+        }
         let mut g = write(slot);
         let Entry::Mw(mw) = &mut *g else {
             return Err(AccessError::InvalidKey(mw_key));
@@ -203,26 +209,19 @@ impl MemoryTable {
         if mw.key != mw_key {
             return Err(AccessError::InvalidKey(mw_key));
         }
+        let type1 = mw.ty == MwType::Type1;
+        // A type 2 window's new key differs in the tag only.
+        if !type1 && key_index(new_rkey) != key_index(mw_key) {
+            return Err(AccessError::InvalidOperation(mw_key));
+        }
         if mw.pd != ctx.pd {
             return Err(AccessError::WrongPd(mw_key));
-        }
-        let type1 = mw.ty == MwType::Type1;
-        let same_window = if type1 {
-            self.slot_index(new_rkey) == self.slot_index(mw_key)
-        } else {
-            key_index(new_rkey) == key_index(mw_key)
-        };
-        if !same_window {
-            return Err(AccessError::InvalidOperation(mw_key));
         }
         if type1 && len == 0 {
             mw.unbind();
             mw.key = new_rkey;
             mw.invalidated = false;
             return Ok(());
-        }
-        if self.slot_index(mr_lkey) == self.slot_index(mw_key) {
-            return Err(AccessError::InvalidKey(mr_lkey));
         }
         if !type1 && mw.binding.is_some() {
             // A bound type 2 window must be invalidated before it is bound again.
