@@ -98,17 +98,19 @@ int main(void)
 	CHECK(odp && ibv_dereg_mr(odp) == 0, "dereg ODP region");
 	free(odp_buf);
 
-	/* A parent domain stands for its PD (the PD cannot go first); its regions work. */
-	struct ibv_parent_domain_init_attr pda = { .pd = a.pd };
-	struct ibv_pd *pdom = ibv_alloc_parent_domain(a.ctx, &pda);
-	CHECK(pdom != NULL && pdom != a.pd, "alloc_parent_domain errno %d", errno);
+	/* A parent domain stands for its PD (the PD cannot go first); its regions work. A PD of
+	 * its own, so that the parent domain is the only thing keeping it. */
+	struct ibv_pd *base = ibv_alloc_pd(a.ctx);
+	struct ibv_parent_domain_init_attr pda = { .pd = base };
+	struct ibv_pd *pdom = base ? ibv_alloc_parent_domain(a.ctx, &pda) : NULL;
+	CHECK(pdom != NULL && pdom != base, "alloc_parent_domain errno %d", errno);
 	struct ibv_parent_domain_init_attr nested = { .pd = pdom };
 	errno = 0;
 	CHECK(ibv_alloc_parent_domain(a.ctx, &nested) == NULL && errno == EINVAL, "parent domain of a parent domain");
 	struct ibv_mr *pmr = pdom ? ibv_reg_mr(pdom, a.buf, 4096, IBV_ACCESS_LOCAL_WRITE) : NULL;
-	CHECK(pmr && pmr->pd == pdom, "reg_mr on a parent domain");
-	CHECK(ibv_dealloc_pd(a.pd) == EBUSY, "the PD outlives its parent domain");
-	CHECK(pmr && ibv_dereg_mr(pmr) == 0 && ibv_dealloc_pd(pdom) == 0, "parent domain freed");
+	CHECK(pmr && pmr->pd == pdom && ibv_dereg_mr(pmr) == 0, "reg_mr on a parent domain");
+	CHECK(ibv_dealloc_pd(base) == EBUSY, "the PD outlives its parent domain");
+	CHECK(pdom && ibv_dealloc_pd(pdom) == 0 && ibv_dealloc_pd(base) == 0, "parent domain, then its PD, freed");
 
 	/* Extended CQs: what is refused. */
 	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS };
