@@ -60,10 +60,14 @@ impl Device {
         let cfg = cfg.resolve_mtu();
         let mut d = Device { dev, cfg, index };
         copy_cstr(&mut dev.name, &d.cfg.name);
-        copy_cstr(&mut dev.dev_name, &format!("uverbs{index}"));
+        // `dev_name` is the device's own name rather than the kernel's `uverbs<N>`, so that
+        // `/dev/infiniband/<dev_name>` can be provided for clients that check the node exists
+        // (UCX requires a readable and writable character device there; `scripts/dev-nodes`
+        // makes it) without colliding with a real NIC's `uverbs<N>`.
+        copy_cstr(&mut dev.dev_name, &d.cfg.name);
         copy_cstr(
             &mut dev.dev_path,
-            &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+            &format!("/sys/class/infiniband_verbs/{}", d.cfg.name),
         );
         copy_cstr(&mut dev.ibdev_path, &d.ibdev_path());
         d.dev = dev;
