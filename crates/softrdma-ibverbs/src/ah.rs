@@ -55,7 +55,7 @@ static NEXT_AH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new
 fn create(pd: *mut ibv_pd, a: ibv_ah_attr) -> Result<*mut ibv_ah, c_int> {
     // SAFETY: the C API forbids deallocating the PD concurrently.
     let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
-    let peer = crate::qp::peer_of(&a)?;
+    let peer = crate::qp::peer_of(p.shared.dev, &a)?;
     let h = Box::into_raw(Box::new(Ah {
         ah: ibv_ah {
             context: p.pd.context,

@@ -39,6 +39,27 @@ impl Device {
         self.cfg.addr.to_ipv6_mapped().octets()
     }
 
+    /// The port's LID: the low 16 bits of the device's IPv4 address (0 when they are zero).
+    ///
+    /// RoCE addresses by GID, but programs written for InfiniBand (qperf, and any that
+    /// exchange LIDs out of band) build address vectors from a LID without a GRH. softrdma
+    /// accepts those within its /16: [`Device::addr_of_lid`] maps a LID back to an address.
+    pub fn lid(&self) -> u16 {
+        let o = self.cfg.addr.octets();
+        u16::from_be_bytes([o[2], o[3]])
+    }
+
+    /// The IPv4 address a LID names: the device's /16 with the LID as its low 16 bits, or
+    /// `None` for LID 0 (no LID) and the permissive LID 0xffff.
+    pub fn addr_of_lid(&self, lid: u16) -> Option<std::net::Ipv4Addr> {
+        if lid == 0 || lid == 0xffff {
+            return None;
+        }
+        let o = self.cfg.addr.octets();
+        let [hi, lo] = lid.to_be_bytes();
+        Some(std::net::Ipv4Addr::new(o[0], o[1], hi, lo))
+    }
+
     /// The sysfs-style path of this device (`ibdev_path`), which `ibv_read_sysfs_file` serves.
     pub fn ibdev_path(&self) -> String {
         format!("/sys/class/infiniband/{}", self.cfg.name)

@@ -2,7 +2,9 @@
 //!
 //! The address vector of `ibv_modify_qp` (INIT→RTR, `IBV_QP_AV`; RC and UC) is the peer's
 //! GID in `ah_attr.grh.dgid`: an IPv4-mapped GID names the peer's address, which becomes the
-//! engine's path (`Qp::av_for`). RoCE needs the GRH, so `is_global = 0` is EINVAL. A path MTU
+//! engine's path (`Qp::av_for`). Without a GRH (`is_global = 0`, as InfiniBand programs such as
+//! qperf build it from an exchanged LID) the DLID names an address in the device's /16
+//! (`Device::lid`); a DLID of 0 is EINVAL, as on any RoCE port. A path MTU
 //! above the port's active MTU is lowered to it (as rxe does). UD QPs take `IBV_QP_QKEY` and
 //! name each destination in the work request (an address handle). The first error
 //! completion of a QP (other than a flush) also reports `IBV_EVENT_QP_FATAL` on the async fd.
@@ -19,6 +21,7 @@ use softrdma::verbs::{self, Mtu, QpAttr, QpAttrMask, QpCap, QpState};
 use crate::abi::*;
 use crate::context::Shared;
 use crate::cq::{Cq, IBV_EVENT_QP_FATAL};
+use crate::device::Device;
 use crate::errno::{ffi_errno, ffi_ptr};
 use crate::mr::Pd;
 use crate::registry::{self, Kind};
@@ -354,10 +357,15 @@ fn state_of(v: c_int) -> Result<QpState, c_int> {
     })
 }
 
-/// The peer's address from an address vector: the IPv4-mapped (or IPv6) destination GID.
-pub fn peer_of(ah: &ibv_ah_attr) -> Result<IpAddr, c_int> {
-    if ah.is_global == 0 || (ah.port_num != 0 && ah.port_num != 1) {
+/// The peer's address from an address vector: the IPv4-mapped (or IPv6) destination GID, or,
+/// without a GRH, the address the destination LID names in `dev`'s /16 ([`Device::lid`]; a
+/// LID of 0 is EINVAL, as on any RoCE port).
+pub fn peer_of(dev: &Device, ah: &ibv_ah_attr) -> Result<IpAddr, c_int> {
+    if ah.port_num != 0 && ah.port_num != 1 {
         return Err(libc::EINVAL);
+    }
+    if ah.is_global == 0 {
+        return dev.addr_of_lid(ah.dlid).map(IpAddr::V4).ok_or(libc::EINVAL);
     }
     // SAFETY: every bit pattern of the union is a valid byte array.
     let raw = unsafe { ah.grh.dgid.raw };
@@ -446,7 +454,7 @@ pub unsafe extern "C" fn ibv_modify_qp(
             v.qkey = a.qkey;
         }
         if m.contains(QpAttrMask::AV) {
-            let peer = peer_of(&a.ah_attr)?;
+            let peer = peer_of(q.shared.dev, &a.ah_attr)?;
             v.av = Some(q.vqp.av_for(peer));
         }
         q.vqp.modify(&v, m).map_err(|e| e.errno())?;

@@ -93,6 +93,7 @@ pub fn port_attr(dev: &Device) -> ibv_port_attr {
         active_speed: l::ACTIVE_SPEED,
         phys_state: l::PHYS_STATE_LINK_UP,
         link_layer: IBV_LINK_LAYER_ETHERNET,
+        lid: dev.lid(),
         ..ibv_port_attr::default()
     }
 }
