@@ -11,7 +11,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use softrdma::verbs::{self, EMPTY_WC, WcStatus, WorkCompletion};
+use softrdma::verbs::{self, EMPTY_WC, NetworkHdr, WcStatus, WorkCompletion};
 
 use crate::abi::*;
 use crate::channel::CompChannel;
@@ -415,10 +415,24 @@ pub fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
         wc.imm_data = rkey;
         wc.wc_flags |= IBV_WC_WITH_INV;
     }
-    if w.grh {
+    if let Some(net) = w.grh {
         wc.wc_flags |= IBV_WC_GRH;
+        wc.sl = roce_packet_type(net);
     }
     wc
+}
+
+/// `sl` of a UD receive completion: the RoCE packet type, as ConnectX adapters report it
+/// there (bit 3: the frame had a UDP header, i.e. RoCEv2; bits 2..0: 1 = IPv6, 2 = IPv4).
+/// RoCE has no service level on the wire, and clients read this to find where the GRH area
+/// holds the destination address: UCX 1.13's UD transport drops every datagram whose GRH it
+/// cannot match against its own GIDs otherwise.
+pub fn roce_packet_type(net: NetworkHdr) -> u8 {
+    const UDP: u8 = 0x8;
+    match net {
+        NetworkHdr::Ipv6 => UDP | 0x1,
+        NetworkHdr::Ipv4 => UDP | 0x2,
+    }
 }
 
 /// `ops.poll_cq`: up to `num` completions into `wc`; their number, or -1 for a NULL CQ or

@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use softrdma::mem::Access;
 use softrdma::rc::unreliable::grh_source;
 use softrdma::rc::{
-    GRH_LEN, Mtu, PostError, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge, UnrelCounters,
-    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    GRH_LEN, Mtu, NetworkHdr, PostError, QpCap, QpType, RecvWr, SendFlags, SendWr, Sge,
+    UnrelCounters, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use softrdma_sim::{ConnOpts, Faults, QpRef, World};
 
@@ -112,7 +112,7 @@ fn uc_psn_gap_in_a_send_drops_it_and_the_next_message_completes_in_the_same_rece
         (c.wr_id, c.status, c.opcode, c.byte_len),
         (7, WcStatus::Success, WcOpcode::Recv, 300)
     );
-    assert!(!c.grh);
+    assert!(c.grh.is_none());
     assert!(w.eps[b.ep].mem.equals(r, 0, &m2));
     let cb = *w.qp(b).counters();
     assert_eq!(cb.unrel, drops(|c| c.uc_gap_drops = 1));
@@ -285,7 +285,7 @@ fn ud_wrong_qkey_is_dropped_and_counted_and_the_high_bit_sends_the_qps_own() {
             WcOpcode::Recv,
             (GRH_LEN + 100) as u32,
             w.qp(a).qp_num(),
-            true
+            Some(NetworkHdr::Ipv4)
         )
     );
     let buf = w.eps[b.ep].mem.contents(r);

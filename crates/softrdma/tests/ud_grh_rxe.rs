@@ -156,7 +156,7 @@ fn check_capture(name: &str) {
         qp.handle_packet_from(0, &pkt, Some(&from), &mem, None);
         let wc = qp.poll_completion().expect("a receive completion");
         assert_eq!(wc.status, WcStatus::Success, "datagram {i}");
-        assert!(wc.grh);
+        assert_eq!(wc.grh, Some(softrdma::rc::NetworkHdr::Ipv4));
         assert_eq!(wc.src_qp, deth.src_qp);
         assert_eq!(wc.byte_len as usize, GRH_LEN + pkt.payload.len());
         let mut area = vec![0u8; GRH_LEN + pkt.payload.len()];

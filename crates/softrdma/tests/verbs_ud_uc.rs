@@ -81,7 +81,7 @@ fn ud_datagrams_carry_the_grh_area_and_obey_the_q_key() {
                 (GRH_LEN + 900) as u32,
                 Some(0x55),
                 a.qp.qp_num(),
-                true
+                Some(softrdma::verbs::NetworkHdr::Ipv4)
             )
         );
         let got = rbuf.to_vec().unwrap();

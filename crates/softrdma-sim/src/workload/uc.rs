@@ -780,7 +780,7 @@ impl Workload for Sim {
             qp_num: self.qps[ri].qpn,
             src_qp: self.qps[g.from].qpn,
             solicited: g.solicited,
-            grh: false,
+            grh: None,
         };
         if wc != want {
             note(

@@ -37,8 +37,8 @@ use std::collections::{HashMap, VecDeque};
 
 use softrdma::mem::Access;
 use softrdma::rc::{
-    GRH_LEN, Mtu, PostError, QpCap, QpType, SendWr, Sge, UdDest, UnrelCounters, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    GRH_LEN, Mtu, NetworkHdr, PostError, QpCap, QpType, SendWr, Sge, UdDest, UnrelCounters,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use softrdma::wire::{HeaderRepr, Opcode, Psn};
 
@@ -680,7 +680,7 @@ impl Workload for Sim {
             qp_num: self.qps[ri].qpn,
             src_qp: from.qpn,
             solicited: g.solicited,
-            grh: true,
+            grh: Some(NetworkHdr::Ipv4),
         };
         if wc != want {
             note(

@@ -445,7 +445,7 @@ impl SendSide {
                     qp_num: qpn,
                     src_qp: self.dest_qpn,
                     solicited: false,
-                    grh: false,
+                    grh: None,
                 });
             }
             self.sq.pop();

@@ -50,7 +50,8 @@ pub use responder::{NAK_SEQ_WINDOW, RespCounters};
 pub use rq::Srq;
 pub use unreliable::{DatagramSource, UdDest, UnrelCounters};
 pub use wr::{
-    MAX_SGE, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    MAX_SGE, NetworkHdr, RecvWr, SendFlags, SendWr, SgList, Sge, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 
 /// Most PSNs the requester keeps unacknowledged (as rxe's window).

@@ -379,7 +379,7 @@ impl Qp {
                 qp_num: self.qpn,
                 src_qp: self.attr.dest_qp_num,
                 solicited: false,
-                grh: false,
+                grh: None,
             });
         }
     }

@@ -383,7 +383,7 @@ impl RecvSide {
             qp_num: qpn,
             src_qp: self.dest_qpn,
             solicited: false,
-            grh: false,
+            grh: None,
         }
     }
 

@@ -79,6 +79,16 @@ pub struct DatagramSource {
     pub udp_payload_len: usize,
 }
 
+impl DatagramSource {
+    /// The network header the datagram came with.
+    pub fn network(&self) -> crate::rc::NetworkHdr {
+        match self.ip {
+            IpHeader::V4 { .. } => crate::rc::NetworkHdr::Ipv4,
+            IpHeader::V6 { .. } => crate::rc::NetworkHdr::Ipv6,
+        }
+    }
+}
+
 /// Hop limit written into a GRH area: a UDP socket does not see the received one, and Linux
 /// sends with 64 unless told otherwise.
 pub const GRH_TTL: u8 = 64;

@@ -405,8 +405,18 @@ pub struct WorkCompletion {
     /// The message carried the solicited-event bit (receives; a CQ armed for solicited
     /// completions only fires on these and on errors).
     pub solicited: bool,
-    /// The receive buffer starts with the 40-byte GRH area (`IBV_WC_GRH`: UD receives).
-    pub grh: bool,
+    /// The receive buffer starts with the 40-byte GRH area (`IBV_WC_GRH`: UD receives), which
+    /// holds the header of this network protocol (the kernel's `network_hdr_type`).
+    pub grh: Option<NetworkHdr>,
+}
+
+/// The network header a RoCEv2 datagram arrived with, which the GRH area of a UD receive holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkHdr {
+    /// IPv4: its 20-byte header in the second half of the GRH area.
+    Ipv4,
+    /// IPv6: its 40-byte header fills the GRH area.
+    Ipv6,
 }
 
 impl WorkCompletion {

@@ -50,7 +50,7 @@ pub const EMPTY_WC: WorkCompletion = WorkCompletion {
     qp_num: 0,
     src_qp: 0,
     solicited: false,
-    grh: false,
+    grh: None,
 };
 
 /// A completion queue.

@@ -46,6 +46,6 @@ pub use crate::mem::{
 };
 pub use crate::net::{AsyncEvent, AsyncEventHook, PollMode};
 pub use crate::rc::{
-    GRH_LEN, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, Sge,
-    UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    GRH_LEN, Mtu, NetworkHdr, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
+    SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };

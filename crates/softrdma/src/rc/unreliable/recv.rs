@@ -96,7 +96,7 @@ impl RecvSide {
         wc.src_qp = deth.src_qp;
         wc.imm_data = pkt.hdr.immdt;
         wc.solicited = pkt.hdr.bth.se;
-        wc.grh = true;
+        wc.grh = Some(from.network());
         env.cq.push_back(wc);
         RespOutcome::Ok
     }
