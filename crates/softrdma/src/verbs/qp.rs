@@ -220,6 +220,15 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
         let engine = self.pd.device().engine();
         let mut body = self.cell.lock();
+        if mask.contains(QpAttrMask::STATE)
+            && matches!(attr.qp_state, QpState::Err | QpState::Reset)
+            && body.qp.state() != attr.qp_state
+        {
+            // The peer may be waiting for an acknowledgement of what this QP received and
+            // completed; in the error state none is sent any more. rdma_disconnect moves the QP
+            // to the error state right after the application saw its last receive.
+            engine.flush_held(&mut body);
+        }
         body.qp.modify(attr, mask)?;
         if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
             // The QP's completions still in its CQs go with its queues (rdma-core's providers
