@@ -16,7 +16,9 @@ pub const MAX_QP_WR: i32 = 1 << 14;
 /// The engine's limit (`softrdma::rc::MAX_SGE`).
 pub const MAX_SGE: i32 = softrdma::rc::MAX_SGE as i32;
 pub const MAX_CQ: i32 = 1 << 14;
-pub const MAX_CQE: i32 = (1 << 16) - 1;
+/// The engine's limit (`softrdma::verbs::MAX_CQE`, 2^20); libfabric's verbs provider asks for
+/// 2^18 entries.
+pub const MAX_CQE: i32 = softrdma::verbs::MAX_CQE as i32;
 /// Regions and windows share the key space of the memory table (`MemConfig::max_keys`).
 pub const MAX_MR: i32 = (1 << 16) - 1;
 pub const MAX_MW: i32 = (1 << 16) - 1;

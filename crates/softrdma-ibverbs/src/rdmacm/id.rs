@@ -354,8 +354,15 @@ fn bind(id: &mut Id, a: SocketAddr) -> Result<(), c_int> {
     }
     let dev = if a.ip().is_unspecified() {
         None
+    } else if let Some(d) = device_with(a.ip()) {
+        Some(d)
+    } else if a.ip().is_loopback() {
+        // A loopback address no device has binds like the wildcard: no device yet
+        // (`id->verbs` stays NULL). libfabric's verbs provider binds "localhost" when given no
+        // address and then takes the source address from the devices' own addresses.
+        None
     } else {
-        Some(device_with(a.ip()).ok_or(libc::EADDRNOTAVAIL)?)
+        return Err(libc::EADDRNOTAVAIL);
     };
     let port = global().take_port(a.port())?;
     if let Some(d) = dev {
@@ -1233,7 +1240,16 @@ pub(crate) unsafe extern "C" fn migrate_id(
             // SAFETY: a Box of ours, moved.
             to.push(unsafe { Box::from_raw(e as *mut Event) });
         }
+        let old = id.id.channel;
         id.id.channel = ch;
+        if id.own_channel {
+            // A synchronous id (created without a channel) becomes asynchronous, as in
+            // rdma-core: its events go to `ch` from now on, and the channel it made for itself
+            // goes away. libfabric resolves the address synchronously and then migrates.
+            id.own_channel = false;
+            // SAFETY: the id's own channel, which nothing else names.
+            unsafe { destroy_event_channel(old) };
+        }
         Ok(())
     })
 }

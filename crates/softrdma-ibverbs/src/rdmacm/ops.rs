@@ -4,6 +4,7 @@
 use core::ffi::{c_char, c_int, c_void};
 use core::ptr::null_mut;
 use std::ffi::CStr;
+use std::net::SocketAddr;
 
 use super::abi::*;
 use super::addr::{from_sockaddr, to_storage};
@@ -153,8 +154,11 @@ struct AddrInfo {
     dst: SockStorage,
 }
 
-/// `rdma_getaddrinfo`: the first IPv4 or IPv6 address of `node`/`service` (the system
-/// resolver), as the source (`RAI_PASSIVE`) or destination; TCP port space, RC.
+/// `rdma_getaddrinfo`, as rdma-core's: with `node` or `service`, the first IPv4 or IPv6 address
+/// the system resolver gives, as the source (`RAI_PASSIVE`) or the destination; with neither,
+/// the addresses the hints carry (libfabric's verbs provider calls it so). A source the
+/// hints carry fills an empty source. TCP port space and RC unless the hints say otherwise.
+/// EINVAL with no node, no service and no hints.
 pub(crate) unsafe extern "C" fn getaddrinfo(
     node: *const c_char,
     service: *const c_char,
@@ -162,43 +166,40 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     crate::errno::ffi_minus1(|| {
-        if res.is_null() || (node.is_null() && service.is_null()) {
-            return Err(libc::EINVAL);
-        }
         // SAFETY: NULL or readable per the contract.
         let h = unsafe { hints.as_ref() };
+        if res.is_null() || (node.is_null() && service.is_null() && h.is_none()) {
+            return Err(libc::EINVAL);
+        }
         let flags = h.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
-        // SAFETY: all-zero is a valid addrinfo hint.
-        let mut ch: libc::addrinfo = unsafe { core::mem::zeroed() };
-        ch.ai_family = h.map_or(0, |h| h.ai_family);
-        ch.ai_socktype = libc::SOCK_STREAM;
-        if passive {
-            ch.ai_flags |= libc::AI_PASSIVE;
-        }
-        if flags & RAI_NUMERICHOST != 0 {
-            ch.ai_flags |= libc::AI_NUMERICHOST;
-        }
-        let mut out: *mut libc::addrinfo = null_mut();
-        // SAFETY: C strings (or NULL) per the contract; `out` freed below.
-        let rc = unsafe { libc::getaddrinfo(node, service, &ch, &mut out) };
-        if rc != 0 || out.is_null() {
-            return Err(libc::EADDRNOTAVAIL);
-        }
-        // SAFETY: a result list of getaddrinfo.
-        let first = unsafe { from_sockaddr((*out).ai_addr) };
+        // SAFETY: NULL or a socket address per the contract (the hints' own fields).
+        let hint_src = h.and_then(|h| unsafe { from_sockaddr(h.ai_src_addr) });
         // SAFETY: as above.
-        unsafe { libc::freeaddrinfo(out) };
-        let a = first.ok_or(libc::EADDRNOTAVAIL)?;
-        let (st, len) = to_storage(a);
+        let hint_dst = h.and_then(|h| unsafe { from_sockaddr(h.ai_dst_addr) });
+        let (mut src, dst) = if node.is_null() && service.is_null() {
+            (None, hint_dst)
+        } else {
+            // SAFETY: C strings (or NULL) per the contract.
+            let a = unsafe { resolve(node, service, h.map_or(0, |h| h.ai_family), flags) }?;
+            if passive {
+                (Some(a), None)
+            } else {
+                (None, Some(a))
+            }
+        };
+        if src.is_none() {
+            src = hint_src;
+        }
+        let family = match (src.or(dst), h.map_or(0, |h| h.ai_family)) {
+            (Some(a), _) if a.is_ipv4() => libc::AF_INET,
+            (Some(_), _) => libc::AF_INET6,
+            (None, f) => f,
+        };
         let b = Box::into_raw(Box::new(AddrInfo {
             ai: rdma_addrinfo {
                 ai_flags: flags,
-                ai_family: if a.is_ipv4() {
-                    libc::AF_INET
-                } else {
-                    libc::AF_INET6
-                },
+                ai_family: family,
                 ai_qp_type: h.map_or(2, |h| if h.ai_qp_type == 0 { 2 } else { h.ai_qp_type }),
                 ai_port_space: h.map_or(RDMA_PS_TCP, |h| {
                     if h.ai_port_space == 0 {
@@ -224,27 +225,55 @@ pub(crate) unsafe extern "C" fn getaddrinfo(
         }));
         // SAFETY: just allocated; its address fields point into itself.
         unsafe {
-            if passive {
+            if let Some(a) = src {
+                let (st, len) = to_storage(a);
                 (*b).src = st;
                 (*b).ai.ai_src_len = len;
                 (*b).ai.ai_src_addr = (*b).src.0.as_mut_ptr().cast();
-            } else {
+            }
+            if let Some(a) = dst {
+                let (st, len) = to_storage(a);
                 (*b).dst = st;
                 (*b).ai.ai_dst_len = len;
                 (*b).ai.ai_dst_addr = (*b).dst.0.as_mut_ptr().cast();
-                if let Some(h) = h
-                    && let Some(s) = from_sockaddr(h.ai_src_addr)
-                {
-                    let (ss, sl) = to_storage(s);
-                    (*b).src = ss;
-                    (*b).ai.ai_src_len = sl;
-                    (*b).ai.ai_src_addr = (*b).src.0.as_mut_ptr().cast();
-                }
             }
             *res = b.cast();
         }
         Ok(())
     })
+}
+
+/// The first address the system resolver gives for `node`/`service` (stream sockets).
+///
+/// # Safety
+/// `node` and `service` are NULL or C strings.
+unsafe fn resolve(
+    node: *const c_char,
+    service: *const c_char,
+    family: c_int,
+    flags: c_int,
+) -> Result<SocketAddr, c_int> {
+    // SAFETY: all-zero is a valid addrinfo hint.
+    let mut ch: libc::addrinfo = unsafe { core::mem::zeroed() };
+    ch.ai_family = family;
+    ch.ai_socktype = libc::SOCK_STREAM;
+    if flags & RAI_PASSIVE != 0 {
+        ch.ai_flags |= libc::AI_PASSIVE;
+    }
+    if flags & RAI_NUMERICHOST != 0 {
+        ch.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    let mut out: *mut libc::addrinfo = null_mut();
+    // SAFETY: C strings (or NULL) per the contract; `out` freed below.
+    let rc = unsafe { libc::getaddrinfo(node, service, &ch, &mut out) };
+    if rc != 0 || out.is_null() {
+        return Err(libc::EADDRNOTAVAIL);
+    }
+    // SAFETY: a result list of getaddrinfo.
+    let first = unsafe { from_sockaddr((*out).ai_addr) };
+    // SAFETY: as above.
+    unsafe { libc::freeaddrinfo(out) };
+    first.ok_or(libc::EADDRNOTAVAIL)
 }
 
 /// `rdma_freeaddrinfo`.

@@ -226,7 +226,9 @@ impl CqCore {
     pub fn new(cqe: usize, channel: Option<Arc<ChannelCore>>) -> CqCore {
         CqCore {
             id: NEXT_CQ_ID.fetch_add(1, Ordering::Relaxed),
-            ring: Mutex::new(VecDeque::with_capacity(cqe)),
+            // Up to 4096 entries up front; a larger CQ (libfabric asks for 2^18) grows its ring
+            // as completions queue up, so that its size costs memory only when used.
+            ring: Mutex::new(VecDeque::with_capacity(cqe.min(4096))),
             queued: AtomicUsize::new(0),
             cap: AtomicUsize::new(cqe),
             overrun: AtomicBool::new(false),

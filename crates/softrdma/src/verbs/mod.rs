@@ -34,7 +34,7 @@ pub use cm::{
     RawCm,
 };
 pub use cq::{CompChannel, Cq, EMPTY_WC};
-pub use device::{Device, DeviceAttr, DeviceConfig, PortAttr};
+pub use device::{Device, DeviceAttr, DeviceConfig, MAX_CQE, PortAttr};
 pub use error::VerbsError;
 pub use mr::{Mr, MrRereg, Mw, Pd};
 pub use qp::{Ah, PostBatch, Qp, QpInitAttr, random_psn};
