@@ -106,7 +106,17 @@ fn engine_for(dev: &'static Device) -> Result<verbs::Device, c_int> {
         crate::qp::report_async(dev, ev)
     })));
     g.insert(dev.cfg.name.clone(), (d.clone(), 1));
+    crate::stats::report_at_exit();
     Ok(d)
+}
+
+/// The concatenated `f(name, engine)` of every engine still open (empty if the table is busy:
+/// this runs at process exit, where waiting could deadlock).
+pub(crate) fn open_engines(f: impl Fn(&str, &verbs::Device) -> String) -> String {
+    match ENGINES.try_lock() {
+        Ok(g) => g.iter().map(|(name, (d, _))| f(name, d)).collect(),
+        Err(_) => String::new(),
+    }
 }
 
 /// A context stopped using the engine of `dev`; the last one stops it.
@@ -120,6 +130,9 @@ fn release_engine(dev: &'static Device) {
         None => false,
     };
     if last {
+        if let Some((d, _)) = g.get(&dev.cfg.name) {
+            crate::stats::report(&dev.cfg.name, d);
+        }
         // Dropping the last handle stops the engine and closes its socket; under the lock, so
         // that a context opening the device again meanwhile binds only after the close.
         drop(g.remove(&dev.cfg.name));

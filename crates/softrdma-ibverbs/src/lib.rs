@@ -44,6 +44,7 @@ pub mod rdmacm;
 pub mod registry;
 pub mod sdv;
 pub mod srq;
+pub mod stats;
 pub mod strings;
 pub mod sysfs;
 pub mod wr_ex;
