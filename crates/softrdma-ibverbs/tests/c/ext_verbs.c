@@ -123,7 +123,9 @@ int main(void)
 	errno = 0;
 	CHECK(ibv_create_cq_ex(a.ctx, &bad) == NULL && errno == EINVAL, "cq_ex comp_vector 1 errno %d", errno);
 	bad = ca;
-	bad.cqe = 1 << 20;
+	struct ibv_device_attr da;
+	CHECK(ibv_query_device(a.ctx, &da) == 0, "query_device");
+	bad.cqe = da.max_cqe + 1;
 	errno = 0;
 	CHECK(ibv_create_cq_ex(a.ctx, &bad) == NULL && errno == EINVAL, "cq_ex too deep errno %d", errno);
 	struct ibv_cq_ex *cqa = ibv_create_cq_ex(a.ctx, &ca), *cqb = ibv_create_cq_ex(b.ctx, &ca);

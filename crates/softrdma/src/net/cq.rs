@@ -26,6 +26,9 @@ pub struct ChannelCore {
     /// With [`ChannelCore::watching`]: an epoll instance holding `fd` and a device's socket,
     /// the descriptor the application waits on.
     poll_fd: Option<OwnedFd>,
+    /// With [`ChannelCore::watching`]: the socket, whose interest in `poll_fd` is switched
+    /// off while application threads busy-poll ([`ChannelCore::watch_socket`]).
+    socket: Option<RawFd>,
     events: Mutex<VecDeque<u64>>,
     cap: usize,
 }
@@ -48,6 +51,7 @@ impl ChannelCore {
         Ok(ChannelCore {
             fd,
             poll_fd: None,
+            socket: None,
             events: Mutex::new(VecDeque::with_capacity(cap)),
             cap,
         })
@@ -80,7 +84,26 @@ impl ChannelCore {
             }
         }
         ch.poll_fd = Some(ep);
+        ch.socket = Some(socket);
         Ok(ch)
+    }
+
+    /// Whether the descriptor is readable for datagrams waiting on the socket (a channel made
+    /// by [`ChannelCore::watching`]; nothing for another). The device switches it off while
+    /// an application thread busy-polls: that thread takes the datagrams, and a descriptor
+    /// readable for each of them would wake whoever else waits on it (UCX's progress thread
+    /// epolls every completion channel) once per datagram, for nothing.
+    pub fn watch_socket(&self, on: bool) {
+        let (Some(ep), Some(socket)) = (&self.poll_fd, self.socket) else {
+            return;
+        };
+        let mut ev = libc::epoll_event {
+            events: if on { libc::EPOLLIN as u32 } else { 0 },
+            u64: socket as u64,
+        };
+        // SAFETY: valid epoll and target descriptors (the socket outlives the channel's use
+        // of it: the device holds both); `ev` is a live epoll_event.
+        let _ = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_MOD, socket, &mut ev) };
     }
 
     /// The descriptor to wait on: readable while events are pending (and, for a channel made
@@ -345,5 +368,55 @@ impl CqCore {
     /// True while armed (until a completion fires the channel).
     pub fn is_armed(&self) -> bool {
         self.armed.load(Ordering::Acquire) != ARM_NONE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+    }
+
+    /// A watching channel's descriptor is readable for a waiting datagram only while the
+    /// socket is watched: switched off (an application thread busy-polls), a waiter on the
+    /// descriptor is not woken for datagrams that thread will take; an event still wakes it.
+    #[test]
+    fn a_watching_channel_leaves_the_socket_alone_while_switched_off() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let ch = ChannelCore::watching(8, rx.as_raw_fd()).unwrap();
+        assert!(!readable(ch.raw_fd()));
+        tx.send_to(b"datagram", rx.local_addr().unwrap()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !readable(ch.raw_fd()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no wake-up for the datagram"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ch.watch_socket(false);
+        assert!(
+            !readable(ch.raw_fd()),
+            "readable for a datagram while switched off"
+        );
+        ch.notify(7);
+        assert!(readable(ch.raw_fd()), "an event must still wake the waiter");
+        assert_eq!(ch.get_event(Some(Duration::ZERO)).unwrap(), Some(7));
+        assert!(!readable(ch.raw_fd()));
+        ch.watch_socket(true);
+        assert!(
+            readable(ch.raw_fd()),
+            "watched again: the waiting datagram wakes it"
+        );
     }
 }

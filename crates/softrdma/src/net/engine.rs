@@ -367,6 +367,11 @@ pub struct Engine {
     waker: OwnedFd,
     /// When pollers last pushed `waker` back (engine clock).
     waker_armed: AtomicU64,
+    /// Busy-poll mode: completion channels whose descriptor also watches the socket
+    /// ([`crate::net::cq::ChannelCore::watching`]), and whether they currently do: only while
+    /// no application thread busy-polls (see `Engine::poller_active`).
+    channels: Mutex<Vec<std::sync::Weak<crate::net::cq::ChannelCore>>>,
+    channels_watch: AtomicBool,
     /// Wakes the engine thread at once (an eventfd): a poller is about to sleep until a
     /// completion event (busy-poll mode), so the thread takes the receive path now.
     kick: OwnedFd,
@@ -499,6 +504,8 @@ impl Engine {
             last_progress: AtomicU64::new(0),
             waker,
             waker_armed: AtomicU64::new(0),
+            channels: Mutex::new(Vec::new()),
+            channels_watch: AtomicBool::new(true),
             kick,
             next_timer: AtomicU64::new(0),
             timer_watch: AtomicU64::new(0),

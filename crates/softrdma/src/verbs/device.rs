@@ -255,12 +255,18 @@ impl Device {
         // In busy-poll mode nobody receives for a thread asleep on the channel but the engine
         // thread: the channel's descriptor watches the socket too, so that the thread wakes
         // for the packet itself (see `ChannelCore::watching`).
+        // While an application thread busy-polls, the descriptor leaves the socket alone
+        // (`Engine::add_watching_channel`).
         let core = match engine.mode() {
-            PollMode::BusyPoll => ChannelCore::watching(1024, engine.socket_fd())?,
-            PollMode::Blocking => ChannelCore::new(1024)?,
+            PollMode::BusyPoll => {
+                let core = Arc::new(ChannelCore::watching(1024, engine.socket_fd())?);
+                engine.add_watching_channel(&core);
+                core
+            }
+            PollMode::Blocking => Arc::new(ChannelCore::new(1024)?),
         };
         Ok(super::CompChannel {
-            core: Arc::new(core),
+            core,
             device: self.clone(),
         })
     }

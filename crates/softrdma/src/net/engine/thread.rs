@@ -15,6 +15,33 @@ impl Engine {
         {
             self.waker_armed.store(now, Ordering::Relaxed);
             self.wake_in(WAKER_DELAY);
+            // A poller takes the datagrams now: completion channels stop waking their waiters
+            // for them (this branch runs at once after `poller_sleeping`, then every
+            // WAKER_PUSH).
+            self.set_channels_watch(false);
+        }
+    }
+
+    /// Register a completion channel whose descriptor watches the socket (busy-poll mode).
+    pub fn add_watching_channel(&self, ch: &Arc<crate::net::cq::ChannelCore>) {
+        let mut v = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        ch.watch_socket(self.channels_watch.load(Ordering::Acquire));
+        v.push(Arc::downgrade(ch));
+    }
+
+    /// Switch the socket interest of every watching completion channel (only on a change).
+    fn set_channels_watch(&self, on: bool) {
+        if self.channels_watch.load(Ordering::Relaxed) == on {
+            return;
+        }
+        let v = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the list's lock, so that two switches cannot leave channels in the older one.
+        if self.channels_watch.swap(on, Ordering::AcqRel) == on {
+            return;
+        }
+        for ch in v.iter().filter_map(std::sync::Weak::upgrade) {
+            ch.watch_socket(on);
         }
     }
 
@@ -30,6 +57,9 @@ impl Engine {
         self.last_poll.store(0, Ordering::Relaxed);
         // The next active poll pushes the wake-up back at once.
         self.waker_armed.store(0, Ordering::Relaxed);
+        // The sleeper may wait on a completion channel's descriptor: it wakes for a datagram
+        // itself until a poller is active again.
+        self.set_channels_watch(true);
         self.kick_thread();
     }
 
