@@ -29,6 +29,9 @@ pub struct ChannelCore {
     /// With [`ChannelCore::watching`]: the socket, whose interest in `poll_fd` is switched
     /// off while application threads busy-poll ([`ChannelCore::watch_socket`]).
     socket: Option<RawFd>,
+    /// False while application threads busy-poll: then neither the descriptor nor a thread in
+    /// [`ChannelCore::get_event_driving`] watches the socket.
+    socket_on: AtomicBool,
     events: Mutex<VecDeque<u64>>,
     cap: usize,
 }
@@ -52,6 +55,7 @@ impl ChannelCore {
             fd,
             poll_fd: None,
             socket: None,
+            socket_on: AtomicBool::new(true),
             events: Mutex::new(VecDeque::with_capacity(cap)),
             cap,
         })
@@ -94,6 +98,7 @@ impl ChannelCore {
     /// readable for each of them would wake whoever else waits on it (UCX's progress thread
     /// epolls every completion channel) once per datagram, for nothing.
     pub fn watch_socket(&self, on: bool) {
+        self.socket_on.store(on, Ordering::Relaxed);
         let (Some(ep), Some(socket)) = (&self.poll_fd, self.socket) else {
             return;
         };
@@ -204,7 +209,14 @@ impl ChannelCore {
                     revents: 0,
                 },
             ];
-            let nfds = if drive.is_some() && watch { 2 } else { 1 };
+            // While a poller is active it takes the datagrams: this thread leaves the socket
+            // alone (`watch_socket`) and waits for its event (a thread that waits on a CQ
+            // event in its own loop, such as the CM's, would otherwise wake per datagram).
+            let nfds = if drive.is_some() && watch && self.socket_on.load(Ordering::Relaxed) {
+                2
+            } else {
+                1
+            };
             if drive.is_some() && !watch {
                 ms = if ms < 0 { 1 } else { ms.min(1) };
             }
