@@ -418,3 +418,73 @@ fn a_read_stream_cut_short_by_an_invalidation_ends_with_a_nak_in_its_range() {
         );
     }
 }
+
+/// The NAK that ends a READ stream cut short may be lost like any packet: the requester then
+/// times out and resends the READ from the first response it is missing, and the QP, in the
+/// error state by then, must answer that too (with the NAK at the resent request's PSN), or
+/// the requester retries into silence until RETRY_EXC_ERR instead of REM_ACCESS_ERR.
+#[test]
+fn a_read_resent_after_its_streams_nak_was_lost_draws_the_nak_again() {
+    use softrdma::rc::QpAttrMask;
+    use softrdma::wire::NakCode;
+    let mut r = responder();
+    let mut h = request(Opcode::RC_READ_REQUEST, EPSN);
+    h.reth = Some(RethRepr {
+        va: r.region.iova,
+        rkey: r.region.rkey,
+        dma_len: 4 * MTU as u32,
+    });
+    let pkt = Packet {
+        hdr: h,
+        payload: &[],
+        icrc: 0,
+    };
+    r.qp.handle_packet(0, &pkt, &r.mem, None);
+    // Two responses out, two still queued.
+    for k in 0..2 {
+        let len = r.qp.poll_transmit(0, &r.mem, &mut r.buf).unwrap();
+        assert_eq!(
+            Packet::parse(&r.buf[..len]).unwrap().hdr.bth.psn,
+            Psn::new(EPSN + k)
+        );
+    }
+    assert!(r.qp.access_violation(names!(r)));
+    let out = r.drain();
+    assert!(
+        is_nak_at(&out, EPSN + 2, NakCode::RemoteAccessError),
+        "{out:?}"
+    );
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..*r.qp.attr()
+    };
+    r.qp.modify(&err, QpAttrMask::STATE).unwrap();
+    r.drain();
+    // That NAK was lost, and so was the second response: the requester resends the READ
+    // from the second response's PSN, for the rest of the bytes.
+    let mut h = request(Opcode::RC_READ_REQUEST, EPSN + 1);
+    h.reth = Some(RethRepr {
+        va: r.region.iova + MTU as u64,
+        rkey: r.region.rkey,
+        dma_len: 3 * MTU as u32,
+    });
+    let pkt = Packet {
+        hdr: h,
+        payload: &[],
+        icrc: 0,
+    };
+    r.qp.handle_packet(0, &pkt, &r.mem, None);
+    let out = r.drain();
+    assert!(
+        is_nak_at(&out, EPSN + 1, NakCode::RemoteAccessError),
+        "the resent READ got no NAK: {out:?}"
+    );
+    // A request after the remembered PSN is not this stream's: nothing answers it.
+    let pkt = Packet {
+        hdr: request(Opcode::RC_READ_REQUEST, EPSN + 9),
+        payload: &[],
+        icrc: 0,
+    };
+    r.qp.handle_packet(0, &pkt, &r.mem, None);
+    assert!(r.drain().is_empty());
+}

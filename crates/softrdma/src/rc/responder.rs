@@ -166,8 +166,9 @@ pub struct RecvSide {
     /// requester did not ask for an acknowledgement, so one is sent only lazily (see
     /// [`RecvSide::ack_unacked`]) unless a newer answer covers it first.
     pub(super) unacked: Option<Psn>,
-    /// The PSN and NAK of a message an invalidated region cut short (error state only).
-    violation: Option<(Psn, NakCode)>,
+    /// The PSN and NAK of a message or READ response stream an invalidated region cut short
+    /// (error state only), and whether it was a stream (see [`RecvSide::answer_violation`]).
+    violation: Option<(Psn, NakCode, bool)>,
     /// Keys a peer's SEND with Invalidate invalidated, for the driver to wait on
     /// ([`super::Qp::pop_invalidated`]).
     pub(super) invalidated: Vec<u32>,

@@ -5,6 +5,10 @@
 use super::{InMsg, RecvSide, Response};
 use crate::wire::{NakCode, Psn, Syndrome};
 
+/// How far before the remembered PSN a resent READ of a cut-short stream may start and still
+/// draw its NAK: the PSNs one READ response stream can span (2 GiB at a 256-byte MTU: 2^23).
+const STREAM_WINDOW: i32 = 1 << 23;
+
 impl RecvSide {
     /// True when the responder uses a key `names` picks: a message in progress into it (a
     /// WRITE's R_Key, a SEND's receive buffer), a READ response stream out of it, or a receive
@@ -64,9 +68,7 @@ impl RecvSide {
         let Some((psn, code)) = nak else {
             return false;
         };
-        if stream.is_none() {
-            self.violation = Some((psn, code));
-        }
+        self.violation = Some((psn, code, stream.is_some()));
         self.resp.clear();
         self.rd_atomic_queued = 0;
         self.dup_queued = 0;
@@ -74,13 +76,22 @@ impl RecvSide {
         true
     }
 
-    /// In the error state after [`RecvSide::abort_for_region`] cut a message short: a
-    /// request at the remembered PSN draws the NAK again (one at a time). Returns whether it
-    /// did.
+    /// In the error state after [`RecvSide::abort_for_region`] cut a message or a READ
+    /// response stream short: a request at the remembered PSN draws the NAK again (one at a
+    /// time). For a stream, whose NAK may be lost like any packet, a READ the requester
+    /// resends from any PSN of the stream up to the remembered one (it restarts at the first
+    /// response it is missing) draws the NAK at its own PSN. Returns whether a NAK was queued.
     pub fn answer_violation(&mut self, psn: Psn) -> bool {
         match self.violation {
-            Some((p, code)) if p == psn && self.resp.is_empty() => {
-                self.push_ack(p, Syndrome::Nak(code));
+            Some((p, code, stream)) if self.resp.is_empty() => {
+                let at = if p == psn {
+                    p
+                } else if stream && psn.is_before(p) && p.diff(psn) < STREAM_WINDOW {
+                    psn
+                } else {
+                    return false;
+                };
+                self.push_ack(at, Syndrome::Nak(code));
                 true
             }
             _ => false,
