@@ -92,6 +92,23 @@ fn request(op: Opcode, psn: u32) -> HeaderRepr {
 }
 
 impl Responder {
+    /// Hand the responder a READ request for `len` bytes at `offset` into the region (its
+    /// responses stay queued).
+    fn read(&mut self, psn: u32, offset: u64, len: u32) {
+        let mut h = request(Opcode::RC_READ_REQUEST, psn);
+        h.reth = Some(RethRepr {
+            va: self.region.iova + offset,
+            rkey: self.region.rkey,
+            dma_len: len,
+        });
+        let pkt = Packet {
+            hdr: h,
+            payload: &[],
+            icrc: 0,
+        };
+        self.qp.handle_packet(0, &pkt, &self.mem, None);
+    }
+
     fn inject(&mut self, hdr: HeaderRepr, payload: &[u8]) -> Vec<Out> {
         let pkt = Packet {
             hdr,
@@ -383,18 +400,7 @@ fn a_read_stream_cut_short_by_an_invalidation_ends_with_a_nak_in_its_range() {
     use softrdma::wire::NakCode;
     for stopped in [false, true] {
         let mut r = responder();
-        let mut h = request(Opcode::RC_READ_REQUEST, EPSN);
-        h.reth = Some(RethRepr {
-            va: r.region.iova,
-            rkey: r.region.rkey,
-            dma_len: 4 * MTU as u32,
-        });
-        let pkt = Packet {
-            hdr: h,
-            payload: &[],
-            icrc: 0,
-        };
-        r.qp.handle_packet(0, &pkt, &r.mem, None);
+        r.read(EPSN, 0, 4 * MTU as u32);
         let mut first = 0;
         if stopped {
             r.mem.suspend_mr(r.region.lkey).unwrap();
@@ -428,18 +434,7 @@ fn a_read_resent_after_its_streams_nak_was_lost_draws_the_nak_again() {
     use softrdma::rc::QpAttrMask;
     use softrdma::wire::NakCode;
     let mut r = responder();
-    let mut h = request(Opcode::RC_READ_REQUEST, EPSN);
-    h.reth = Some(RethRepr {
-        va: r.region.iova,
-        rkey: r.region.rkey,
-        dma_len: 4 * MTU as u32,
-    });
-    let pkt = Packet {
-        hdr: h,
-        payload: &[],
-        icrc: 0,
-    };
-    r.qp.handle_packet(0, &pkt, &r.mem, None);
+    r.read(EPSN, 0, 4 * MTU as u32);
     // Two responses out, two still queued.
     for k in 0..2 {
         let len = r.qp.poll_transmit(0, &r.mem, &mut r.buf).unwrap();
@@ -462,29 +457,13 @@ fn a_read_resent_after_its_streams_nak_was_lost_draws_the_nak_again() {
     r.drain();
     // That NAK was lost, and so was the second response: the requester resends the READ
     // from the second response's PSN, for the rest of the bytes.
-    let mut h = request(Opcode::RC_READ_REQUEST, EPSN + 1);
-    h.reth = Some(RethRepr {
-        va: r.region.iova + MTU as u64,
-        rkey: r.region.rkey,
-        dma_len: 3 * MTU as u32,
-    });
-    let pkt = Packet {
-        hdr: h,
-        payload: &[],
-        icrc: 0,
-    };
-    r.qp.handle_packet(0, &pkt, &r.mem, None);
+    r.read(EPSN + 1, MTU as u64, 3 * MTU as u32);
     let out = r.drain();
     assert!(
         is_nak_at(&out, EPSN + 1, NakCode::RemoteAccessError),
         "the resent READ got no NAK: {out:?}"
     );
     // A request after the remembered PSN is not this stream's: nothing answers it.
-    let pkt = Packet {
-        hdr: request(Opcode::RC_READ_REQUEST, EPSN + 9),
-        payload: &[],
-        icrc: 0,
-    };
-    r.qp.handle_packet(0, &pkt, &r.mem, None);
+    r.read(EPSN + 9, 0, MTU as u32);
     assert!(r.drain().is_empty());
 }
