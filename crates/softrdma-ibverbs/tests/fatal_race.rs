@@ -4,9 +4,10 @@
 //! number and touching it; the C API lets another thread destroy that QP meanwhile. The
 //! library's test seam (feature `race-window`) holds the window between "found" and "touched"
 //! open for a while and this test runs `ibv_destroy_qp` inside it: `ibv_destroy_qp` must wait
-//! until the report is done with the QP. When it does not (the QP freed while the report still
-//! holds a pointer to it: a use after free), the test fails deterministically, with or without
-//! AddressSanitizer; `scripts/test` runs it as
+//! until the report is done with the QP, and the report must name the QP. When the destroy
+//! does not wait (the QP freed while the report still holds a pointer to it: a use after
+//! free), the test fails deterministically, with or without AddressSanitizer (which then
+//! reports the heap-use-after-free in `report_fatal`); `scripts/test` runs it as
 //! `cargo test -p softrdma-ibverbs --features race-window --test fatal_race`.
 #![cfg(feature = "race-window")]
 
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ibverbs::abi::*;
-use ibverbs::{cq, device as dv, mr, qp, query as q};
+use ibverbs::{context as ctxm, cq, device as dv, mr, qp, query as q};
 
 const IBV_QPS_INIT: i32 = 1;
 const IBV_QPS_RTR: i32 = 2;
@@ -46,8 +47,12 @@ const WINDOW: Duration = Duration::from_millis(300);
 
 /// The report is inside its window.
 static IN_WINDOW: AtomicBool = AtomicBool::new(false);
+/// `ibv_destroy_qp` has been called.
+static DESTROYING: AtomicBool = AtomicBool::new(false);
 /// `ibv_destroy_qp` has returned.
 static DESTROYED: AtomicBool = AtomicBool::new(false);
+/// `ibv_destroy_qp` was called while the report was inside its window.
+static DESTROY_IN_WINDOW: AtomicBool = AtomicBool::new(false);
 /// `ibv_destroy_qp` returned while the report was still inside its window.
 static FREED_IN_WINDOW: AtomicBool = AtomicBool::new(false);
 
@@ -61,6 +66,7 @@ fn pause() {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    DESTROY_IN_WINDOW.store(DESTROYING.load(Ordering::SeqCst), Ordering::SeqCst);
 }
 
 /// The QP in a `usize`, to move it to the destroying thread.
@@ -146,6 +152,7 @@ fn destroy_qp_waits_for_the_fatal_report() {
                 );
                 std::thread::sleep(Duration::from_millis(1));
             }
+            DESTROYING.store(true, Ordering::SeqCst);
             // The QP this test created; nothing else destroys it (inside the outer unsafe).
             let rc = qp::ibv_destroy_qp(victim.0 as *mut ibv_qp);
             DESTROYED.store(true, Ordering::SeqCst);
@@ -178,8 +185,28 @@ fn destroy_qp_waits_for_the_fatal_report() {
         assert_eq!(destroyer.join().unwrap(), 0, "ibv_destroy_qp");
         assert!(IN_WINDOW.load(Ordering::SeqCst));
         assert!(
+            DESTROY_IN_WINDOW.load(Ordering::SeqCst),
+            "ibv_destroy_qp did not start inside the window: the test proved nothing"
+        );
+        assert!(
             !FREED_IN_WINDOW.load(Ordering::SeqCst),
             "ibv_destroy_qp freed the QP while the QP-fatal report was about to touch it"
+        );
+
+        // The report went out, once, naming the QP (its pointer, now freed, only compared).
+        // The async fd is made non-blocking so that a missing event fails instead of hanging.
+        let fd = (*ctx).async_fd;
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert!(fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0);
+        let mut ev: ibv_async_event = core::mem::zeroed();
+        assert_eq!(ctxm::ibv_get_async_event(ctx, &mut ev), 0, "no async event");
+        assert_eq!(ev.event_type, cq::IBV_EVENT_QP_FATAL);
+        assert_eq!(ev.element.qp, qpp, "the event names another QP");
+        ctxm::ibv_ack_async_event(&mut ev);
+        assert_eq!(
+            ctxm::ibv_get_async_event(ctx, &mut ev),
+            -1,
+            "a second event"
         );
 
         assert_eq!(mr::ibv_dereg_mr(m), 0);

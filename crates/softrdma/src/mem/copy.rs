@@ -24,6 +24,12 @@
 //! is undefined behaviour, and a hand-written copy loop with a fix-up table is per
 //! architecture).
 //!
+//! # Bytes read while they may change
+//! A zero-copy send checksums its payload where it lies in the region (`lend.rs`), while the
+//! application, or a placement of a peer's WRITE, may be writing it. [`read_shared`] reads
+//! such bytes without forming a reference to them: a byte-wise atomic copy into a stack
+//! buffer, 4 KiB at a time, which the checksum then reads.
+//!
 //! # Atomics on raw regions
 //! No system call performs a 64-bit compare-and-swap or fetch-and-add on another address
 //! with fault handling. softrdma's atomics are atomic with respect to the device
@@ -222,6 +228,114 @@ pub(crate) unsafe fn copy_out(src: *const u8, dst: &mut [u8]) {
     unsafe { core::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
 }
 
+/// Bytes [`read_shared`] copies at a time: its stack buffer, which stays in the L1 cache. A
+/// packet's payload (at most a 4 KiB MTU) so goes to `f` in one piece.
+pub(crate) const SHARED_CHUNK: usize = 4096;
+
+/// Hand the `len` bytes at `src` to `f`, in order, in pieces of at most [`SHARED_CHUNK`]
+/// bytes copied into a buffer of ours: for bytes that another thread (the application, or a
+/// placement of the engine) may write while they are read, such as a lent payload being
+/// checksummed.
+///
+/// No reference to the bytes is formed (a `&[u8]` over them would claim they do not change
+/// while it lives), and they are read as a byte-wise atomic copy ([`load_shared`]): a byte
+/// written meanwhile comes out old or new.
+///
+/// # Safety
+/// `src..src+len` must stay valid for reads during the call (a validated range of a live
+/// region whose memory the engine keeps mapped, `Plain`).
+#[inline]
+pub(crate) unsafe fn read_shared(src: *const u8, len: usize, mut f: impl FnMut(&[u8])) {
+    let mut buf = [0u8; SHARED_CHUNK];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(SHARED_CHUNK);
+        // SAFETY: bytes `done..done+n` of the caller's range.
+        unsafe { load_shared(src.wrapping_add(done), &mut buf[..n]) };
+        f(&buf[..n]);
+        done += n;
+    }
+}
+
+/// Fill `out` from the bytes at `src`, which other threads may be writing: a copy whose every
+/// byte is read by an atomic load (the byte-wise atomic `memcpy` of the C++ proposal P1478,
+/// which Rust does not have yet).
+///
+/// On x86-64 the copy is one `rep movsb` in inline assembly: the architecture defines it as a
+/// sequence of single-byte moves, each load of a byte atomic, and the compiler cannot see into
+/// assembly, so it is exactly such a copy, at the speed of `memcpy`. Elsewhere it is
+/// `load_atomic`, relaxed 8-byte loads, which cost twice as much on 64 KiB WRITE bandwidth
+/// (0.88–0.90 of the bandwidth of checksumming in place, against 0.93–0.95; docs/SECURITY.md).
+///
+/// # Safety
+/// `src..src+out.len()` must be valid for reads.
+#[inline]
+unsafe fn load_shared(src: *const u8, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `rep movsb` copies `rcx` bytes from `rsi` to `rdi`, upwards (the direction flag
+    // is clear on entry to an asm block): from the caller's readable range to `out`, a buffer
+    // of ours of that length that nothing else reaches. It touches no other memory and no
+    // stack, and leaves the flags alone.
+    unsafe {
+        core::arch::asm!(
+            "rep movsb",
+            inout("rcx") out.len() => _,
+            inout("rsi") src => _,
+            inout("rdi") out.as_mut_ptr() => _,
+            options(nostack, preserves_flags),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        load_atomic(src, out)
+    };
+}
+
+/// [`load_shared`] with Rust's atomics: relaxed 8-byte loads from the first 8-byte boundary,
+/// single bytes before it and after the last whole word.
+///
+/// # Safety
+/// `src..src+out.len()` must be valid for reads.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+unsafe fn load_atomic(src: *const u8, out: &mut [u8]) {
+    const WORD: usize = core::mem::size_of::<u64>();
+    // `AtomicU64` may need more alignment than `u64`; it needs no more than its size.
+    const _: () = assert!(core::mem::align_of::<AtomicU64>() <= WORD);
+    let len = out.len();
+    let head = ((WORD - src.addr() % WORD) % WORD).min(len);
+    let (first, rest) = out.split_at_mut(head);
+    // SAFETY: the first `head` bytes of the caller's range.
+    unsafe { load_bytes(src, first) };
+    let at = src.wrapping_add(head).cast::<u64>();
+    let mut words = rest.chunks_exact_mut(WORD);
+    for (i, o) in (&mut words).enumerate() {
+        // SAFETY: `at + i` is 8-byte aligned (`head` reached the boundary) and its 8 bytes lie
+        // in the caller's readable range; only loads are made through it (relaxed loads of 8
+        // bytes are allowed even on read-only memory).
+        let v =
+            unsafe { AtomicU64::from_ptr(at.wrapping_add(i).cast_mut()) }.load(Ordering::Relaxed);
+        o.copy_from_slice(&v.to_ne_bytes());
+    }
+    let last = words.into_remainder();
+    // SAFETY: the last `last.len()` bytes of the caller's range.
+    unsafe { load_bytes(src.wrapping_add(len - last.len()), last) };
+}
+
+/// Fill `out` from the bytes at `src` with relaxed single-byte atomic loads.
+///
+/// # Safety
+/// `src..src+out.len()` must be valid for reads.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+unsafe fn load_bytes(src: *const u8, out: &mut [u8]) {
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: `src + i` is readable per the contract; `AtomicU8` needs no alignment; only
+        // loads are made through it.
+        let b = unsafe { core::sync::atomic::AtomicU8::from_ptr(src.wrapping_add(i).cast_mut()) };
+        *o = b.load(Ordering::Relaxed);
+    }
+}
+
 /// Execute `op` on the 8 bytes at `addr` and return the original value.
 ///
 /// # Safety
@@ -238,5 +352,105 @@ pub(crate) unsafe fn atomic(addr: *mut u8, op: AtomicOp) -> u64 {
             }
         }
         AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::AcqRel),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    }
+
+    /// Lengths around the word and the chunk.
+    fn lengths() -> impl Iterator<Item = usize> + Clone {
+        let c = SHARED_CHUNK;
+        let small = [0, 1, 7, 8, 9, 15, 16, 17, 1000];
+        small
+            .into_iter()
+            .chain([c - 1, c, c + 1, c + 9, 2 * c, 3 * c + 5])
+    }
+
+    #[test]
+    fn read_shared_hands_over_every_byte_in_order_at_any_alignment() {
+        let src = pattern(3 * SHARED_CHUNK + 64);
+        for off in 0..16 {
+            for len in lengths() {
+                let (mut out, mut pieces) = (Vec::new(), Vec::new());
+                // SAFETY: a range of a live slice.
+                unsafe {
+                    read_shared(src.as_ptr().wrapping_add(off), len, |b| {
+                        out.extend_from_slice(b);
+                        pieces.push(b.len());
+                    })
+                };
+                assert_eq!(out, &src[off..off + len], "off {off} len {len}");
+                assert_eq!(pieces.len(), len.div_ceil(SHARED_CHUNK), "{pieces:?}");
+                assert!(pieces.iter().all(|&n| n > 0 && n <= SHARED_CHUNK));
+            }
+        }
+    }
+
+    #[test]
+    fn both_forms_of_the_atomic_copy_copy_every_byte() {
+        let src = pattern(SHARED_CHUNK + 64);
+        for off in 0..16 {
+            for len in lengths().filter(|&l| l <= SHARED_CHUNK) {
+                let mut a = vec![0u8; len];
+                let mut b = vec![0u8; len];
+                let from = src.as_ptr().wrapping_add(off);
+                // SAFETY: ranges of a live slice.
+                unsafe {
+                    load_shared(from, &mut a);
+                    load_atomic(from, &mut b);
+                }
+                assert_eq!(a, &src[off..off + len], "off {off} len {len}");
+                assert_eq!(b, &src[off..off + len], "off {off} len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_written_meanwhile_come_out_old_or_new() {
+        // A writer flips whole words between two patterns while they are read: each byte read
+        // is one pattern's or the other's, and the portable form keeps each word whole.
+        use std::time::{Duration, Instant};
+        let words: Vec<AtomicU64> = (0..4096).map(|_| AtomicU64::new(0)).collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let flips = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let start = Instant::now();
+                let mut v = 0u64;
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(5) {
+                    v = !v;
+                    for w in &words {
+                        w.store(v, Ordering::Relaxed);
+                    }
+                    flips.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            let start = Instant::now();
+            while flips.load(Ordering::Relaxed) == 0 && start.elapsed() < Duration::from_secs(5) {
+                std::thread::yield_now();
+            }
+            let from = words.as_ptr().cast::<u8>();
+            let mut out = vec![0u8; words.len() * 8];
+            for _ in 0..100 {
+                // SAFETY: the words live for the scope.
+                unsafe { load_shared(from, &mut out) };
+                assert!(out.iter().all(|&b| b == 0 || b == 0xff));
+                // SAFETY: as above.
+                unsafe { load_atomic(from, &mut out) };
+                for w in out.chunks_exact(8) {
+                    let v = u64::from_ne_bytes(w.try_into().unwrap());
+                    assert!(v == 0 || v == u64::MAX, "{v:#x}");
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
     }
 }

@@ -3,7 +3,9 @@
 //! A request's payload normally reaches the wire in two copies: from the region into the
 //! engine's transmit buffer, and from there into the kernel's socket buffer. Memory the engine
 //! keeps alive ([`CopyMode::Plain`](super::copy::CopyMode)) can skip the first: the transport
-//! checksums the bytes in place and hands the socket an `iovec` that points into the region.
+//! checksums the bytes where they lie (reading them as memory other threads may be writing,
+//! [`read_shared`](super::copy::read_shared)) and hands the socket an `iovec` that points
+//! into the region.
 //! The kernel copies them during `sendmmsg`, after the access has been validated and the
 //! region's lock released, so the access stays "in flight" until then through a [`Lent`]
 //! guard, which counts in the region's `lent` counter.
@@ -21,6 +23,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::copy;
 use super::region::Mr;
 
 /// Bytes of a region lent to the transmit path; while it lives, the region's backing stays in
@@ -127,17 +130,15 @@ impl LentSlice {
     /// # Safety
     /// The [`Lent`] this slice was cut from must still be alive.
     pub unsafe fn crc_update(&self, h: &mut crc32fast::Hasher) {
-        if self.len == 0 {
-            return;
-        }
         // SAFETY: `ptr..ptr+len` lies in a range validated inside a live region whose backing
         // the engine keeps mapped (plain memory) and cannot replace or release while the
         // guard it was cut from is outstanding, which the caller guarantees. The application
-        // may write the bytes concurrently, as on any NIC: the checksum then covers some mix
-        // of old and new bytes, and a packet whose bytes change before the kernel copies them
-        // fails its ICRC at the receiver and is sent again.
-        let s = unsafe { std::slice::from_raw_parts(self.ptr, self.len) };
-        h.update(s);
+        // (or a placement of the engine) may write the bytes concurrently, as on any NIC, so
+        // they are copied by byte-wise atomic loads into a buffer first, never read through a
+        // slice: the checksum then covers some mix of old and new bytes, and a packet whose
+        // bytes change before the kernel copies them fails its ICRC at the receiver and is
+        // sent again.
+        unsafe { copy::read_shared(self.ptr, self.len, |b| h.update(b)) }
     }
 
     /// The bytes as an `iovec` for `sendmmsg` (valid while the guard it was cut from lives).
