@@ -344,7 +344,8 @@ fn perftest_sweeps_every_size() {
         "ib_send_lat",
     ];
     for (i, t) in tools.iter().enumerate() {
-        let (_, client) = server_client(t, ips, &["-a", "-n", "20"], 18640 + i as u16);
+        // Ports of its own: the UD/UC test's 18640-18647 run at the same time.
+        let (_, client) = server_client(t, ips, &["-a", "-n", "20"], 18670 + i as u16);
         // One row per size from 2 B to 8 MiB, each with the 20 iterations.
         let sizes: Vec<u64> = client
             .lines()
