@@ -292,7 +292,7 @@ impl World {
                     assert!(GRH_LEN + len <= blen, "delivered into a buffer too short");
                     assert_eq!(wc.byte_len as usize, GRH_LEN + len);
                     assert_eq!(wc.src_qp, src_qp & 0x00ff_ffff);
-                    assert!(wc.grh);
+                    assert_eq!(wc.grh, Some(softrdma::rc::NetworkHdr::Ipv4));
                     assert_eq!(wc.imm_data, imm);
                     let host = self.host();
                     assert_eq!(&host[h + GRH_LEN..h + GRH_LEN + len], &payload[..]);
