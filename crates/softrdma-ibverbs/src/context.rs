@@ -89,6 +89,7 @@ fn engine_for(dev: &'static Device) -> Result<verbs::Device, c_int> {
     let mut cfg = verbs::DeviceConfig::new(std::net::IpAddr::V4(dev.cfg.addr));
     cfg.mode = poll_mode();
     cfg.pin_mode = pin_mode();
+    cfg.raw_copy = raw_copy();
     cfg.active_mtu = verbs::Mtu::ALL
         .into_iter()
         .find(|m| *m as i32 == dev.cfg.active_mtu)
@@ -188,6 +189,17 @@ pub fn pin_mode() -> PinMode {
     match std::env::var("SOFTRDMA_PIN").as_deref() {
         Ok("on-demand") | Ok("odp") => PinMode::OnDemand,
         _ => PinMode::Pinned,
+    }
+}
+
+/// How registered memory is copied, from `SOFTRDMA_RAW_COPY`: `checked` (the default:
+/// kernel-checked copies, so that memory unmapped under traffic ends in an access error) or
+/// `plain` (`memcpy`, for programs that never unmap or move registered memory: an unmap
+/// under traffic may then crash the process).
+pub fn raw_copy() -> verbs::RawCopy {
+    match std::env::var("SOFTRDMA_RAW_COPY").as_deref() {
+        Ok("plain") => verbs::RawCopy::Plain,
+        _ => verbs::RawCopy::Checked,
     }
 }
 

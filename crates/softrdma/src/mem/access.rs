@@ -191,6 +191,23 @@ pub trait MemoryAccess {
         Ok(None)
     }
 
+    /// Copy `[iova, iova+len)` under `key` (`access` as for [`MemoryAccess::read`]) into a
+    /// staging buffer lent to the transmit path (see [`Lent::staged`](super::Lent)): for
+    /// memory [`MemoryAccess::lend`] will not lend where it lies, so that the packets of a
+    /// message cut their payloads from one copy. `Ok(None)` when the implementation does not
+    /// stage or `len` exceeds [`STAGE_MAX`](super::STAGE_MAX). Errors are those of `read`.
+    fn stage(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<super::Lent>, AccessError> {
+        let _ = (ctx, key, iova, len, access);
+        Ok(None)
+    }
+
     /// Execute an atomic on the 8 bytes at `iova` (must be 8-aligned) under `key`, which
     /// needs `REMOTE_ATOMIC`. Values are in host order. Returns the original value.
     fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp)

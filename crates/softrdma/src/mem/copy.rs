@@ -69,6 +69,30 @@ pub(crate) fn checked_copy_available() -> bool {
     ok.is_ok() && dst == src
 }
 
+/// This process's id, cached (a system call per copy otherwise: glibc no longer caches it).
+/// A child made by `fork` forgets the parent's (the `pthread_atfork` handler registered
+/// before the first value is cached), so it copies within itself.
+fn own_pid() -> libc::pid_t {
+    static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    static FORGET_IN_CHILD: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forget() {
+        PID.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+    let pid = PID.load(std::sync::atomic::Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    FORGET_IN_CHILD.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic (async-signal-safe, as a
+        // handler run in a forked child must be); nothing is unregistered later.
+        unsafe { libc::pthread_atfork(None, None, Some(forget)) };
+    });
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    PID.store(pid, std::sync::atomic::Ordering::Relaxed);
+    pid
+}
+
 /// Move `len` bytes from `src` to `dst` through the kernel; the side named `remote` (the
 /// registered memory: `dst` when `to_remote`, else `src`) may be unmapped.
 ///
@@ -103,12 +127,11 @@ unsafe fn vm_copy(
             },
             iov_len: len - done,
         };
+        let pid = own_pid();
         // SAFETY: the kernel copies between our local buffer (valid, per the caller) and the
         // remote range of our own address space, checking every page of the remote range
-        // and failing with EFAULT instead of faulting; nothing else is touched. The pid is
-        // read per call, so a forked child copies within itself.
+        // and failing with EFAULT instead of faulting; nothing else is touched.
         let n = unsafe {
-            let pid = libc::getpid();
             if to_remote {
                 libc::process_vm_writev(pid, &local, 1, &remote, 1, 0)
             } else {
@@ -358,6 +381,34 @@ pub(crate) unsafe fn atomic(addr: *mut u8, op: AtomicOp) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forked_child_copies_within_itself() {
+        // The parent caches its pid.
+        assert_eq!(own_pid(), std::process::id() as libc::pid_t);
+        let src = [7u8; 16];
+        // SAFETY: the child only calls async-signal-safe functions (getpid,
+        // process_vm_readv, _exit) and atomics before `_exit`.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            let mut dst = [0u8; 16];
+            // SAFETY: both buffers are live locals of 16 bytes.
+            let copied = unsafe { vm_copy(src.as_ptr(), dst.as_mut_ptr(), 16, false) };
+            // SAFETY: getpid has no preconditions.
+            let ok = own_pid() == unsafe { libc::getpid() } && copied.is_ok() && dst == src;
+            // SAFETY: ends the child without running the parent's exit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(r, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status:#x}"
+        );
+    }
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n as u32)

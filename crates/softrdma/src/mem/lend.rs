@@ -18,7 +18,11 @@
 //! as the datagrams queued by the lender have been sent: microseconds.
 //!
 //! Memory the application may unmap at any moment (raw regions, copied with kernel checks) is
-//! never lent: the checksum would have to read it unprotected.
+//! never lent where it lies: the checksum would have to read it unprotected. It is *staged*
+//! instead ([`Lent::staged`]): one kernel-checked copy moves as much of a message as the
+//! transport is about to send (up to [`STAGE_MAX`] bytes) into a buffer of the engine's, which
+//! is then lent like region bytes, so that the packets cut from it cost no system call of
+//! their own. A vanished page fails that copy, as it fails any checked copy.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -26,17 +30,58 @@ use std::sync::atomic::Ordering;
 use super::copy;
 use super::region::Mr;
 
+/// Most bytes one staged lend copies (the size of a staging buffer): 16 packets at the largest
+/// path MTU.
+pub const STAGE_MAX: usize = 64 << 10;
+
+/// Staging buffers kept for reuse (a process-wide pool; 4 MiB at most).
+const STAGE_POOL: usize = 64;
+
+static STAGE_BUFFERS: std::sync::Mutex<Vec<Box<[u8]>>> = std::sync::Mutex::new(Vec::new());
+
+/// A staging buffer of [`STAGE_MAX`] bytes, back to the pool when dropped.
+struct Staging(Box<[u8]>);
+
+impl Staging {
+    fn take() -> Staging {
+        let pooled = STAGE_BUFFERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        Staging(pooled.unwrap_or_else(|| vec![0u8; STAGE_MAX].into_boxed_slice()))
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let mut pool = STAGE_BUFFERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if pool.len() < STAGE_POOL {
+            pool.push(std::mem::take(&mut self.0));
+        }
+    }
+}
+
+/// What keeps lent bytes in place.
+enum Owner {
+    /// Bytes of a region: its `lent` count.
+    Region(Arc<Mr>),
+    /// A copy of the engine's own.
+    Staged { _buf: Staging },
+}
+
 /// Bytes of a region lent to the transmit path; while it lives, the region's backing stays in
-/// place (see the module documentation).
+/// place (see the module documentation). Or a staged copy of them ([`Lent::staged`]).
 pub struct Lent {
-    mr: Arc<Mr>,
+    owner: Owner,
     ptr: *const u8,
     len: usize,
 }
 
 // SAFETY: `ptr` names `len` bytes of a region's backing that stays mapped while the guard
-// lives (the region's `lent` count keeps deregistration and backing changes waiting); reading
-// them from another thread is what every access does.
+// lives (the region's `lent` count keeps deregistration and backing changes waiting), or of a
+// staging buffer the guard owns; reading them from another thread is what every access does.
 unsafe impl Send for Lent {}
 // SAFETY: as above; a shared `Lent` only reads.
 unsafe impl Sync for Lent {}
@@ -53,10 +98,36 @@ impl Lent {
     pub(crate) fn new(mr: &Arc<Mr>, ptr: *const u8, len: usize) -> Lent {
         mr.lent.fetch_add(1, Ordering::AcqRel);
         Lent {
-            mr: Arc::clone(mr),
+            owner: Owner::Region(Arc::clone(mr)),
             ptr,
             len,
         }
+    }
+
+    /// Stage `len` bytes (at most [`STAGE_MAX`]): `fill` copies them into a staging buffer,
+    /// which is lent instead of region bytes. `None` when `len` is larger than a buffer; an
+    /// error of `fill` is returned as it is.
+    pub(crate) fn staged<E>(
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Option<Lent>, E> {
+        if len > STAGE_MAX {
+            return Ok(None);
+        }
+        let mut buf = Staging::take();
+        let bytes = buf.0.get_mut(..len).unwrap_or_default();
+        fill(bytes)?;
+        let ptr = buf.0.as_ptr();
+        Ok(Some(Lent {
+            owner: Owner::Staged { _buf: buf },
+            ptr,
+            len,
+        }))
+    }
+
+    /// True for a staged copy (bytes no one else writes).
+    fn is_staged(&self) -> bool {
+        matches!(self.owner, Owner::Staged { .. })
     }
 
     /// Bytes lent.
@@ -85,6 +156,7 @@ impl Lent {
         LentSlice {
             ptr: self.ptr,
             len: self.len,
+            private: self.is_staged(),
         }
     }
 }
@@ -97,6 +169,8 @@ impl Lent {
 pub struct LentSlice {
     ptr: *const u8,
     len: usize,
+    /// Cut from a staged copy: nobody writes the bytes while the guard lives.
+    private: bool,
 }
 
 // SAFETY: a plain address range; reading through it requires the guard it was cut from
@@ -122,6 +196,7 @@ impl LentSlice {
         (end <= self.len).then(|| LentSlice {
             ptr: self.ptr.wrapping_add(off),
             len,
+            private: self.private,
         })
     }
 
@@ -130,6 +205,12 @@ impl LentSlice {
     /// # Safety
     /// The [`Lent`] this slice was cut from must still be alive.
     pub unsafe fn crc_update(&self, h: &mut crc32fast::Hasher) {
+        if self.private {
+            // SAFETY: bytes of a staging buffer that the guard this slice was cut from owns
+            // (alive, per the caller) and that nothing writes after staging.
+            h.update(unsafe { std::slice::from_raw_parts(self.ptr, self.len) });
+            return;
+        }
         // SAFETY: `ptr..ptr+len` lies in a range validated inside a live region whose backing
         // the engine keeps mapped (plain memory) and cannot replace or release while the
         // guard it was cut from is outstanding, which the caller guarantees. The application
@@ -152,7 +233,9 @@ impl LentSlice {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        self.mr.lent.fetch_sub(1, Ordering::AcqRel);
+        if let Owner::Region(mr) = &self.owner {
+            mr.lent.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use super::region::MrState;
 use super::table::{Entry, read};
 use super::{
     Access, AccessCtx, AccessError, AtomicOp, Invalidator, Lent, MemoryAccess, MemoryTable,
+    STAGE_MAX,
 };
 
 impl MemoryTable {
@@ -258,6 +259,28 @@ impl MemoryAccess for MemoryTable {
         access: Access,
     ) -> Result<Option<Lent>, AccessError> {
         self.noting_violation(ctx, key, self.lend_inner(ctx, key, iova, len, access))
+    }
+
+    fn stage(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<Lent>, AccessError> {
+        let Ok(n) = usize::try_from(len) else {
+            return Ok(None);
+        };
+        if n == 0 || n > STAGE_MAX {
+            return Ok(None);
+        }
+        self.with_target(ctx, key, iova, len, access, |p, m| {
+            Lent::staged(n, |buf| {
+                // SAFETY: as in `read`: a validated range of a live region, guards held.
+                unsafe { copy::fetch(m, p, buf) }.map_err(|_| AccessError::Fault(key))
+            })
+        })
     }
 
     fn atomic(

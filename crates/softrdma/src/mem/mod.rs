@@ -34,7 +34,7 @@ pub use coherence::{
 };
 pub use error::{MemError, PinLimitKind, RegError};
 pub use key::{KEY_TAG_BITS, MAX_KEY_INDEX, key_index, key_tag, make_key};
-pub use lend::{Lent, LentSlice};
+pub use lend::{Lent, LentSlice, STAGE_MAX};
 pub use mr_ops::{MrInfo, Rereg};
 pub use mw_ops::{MwBinding, MwInfo};
 pub use pin::{

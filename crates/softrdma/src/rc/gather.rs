@@ -56,6 +56,8 @@ pub struct Gather {
     pub split: usize,
     /// The epoch of the batch the packet goes into (see the module documentation).
     epoch: u64,
+    /// Most bytes a staged lend copies ahead (what the current run may still send).
+    stage_room: u64,
     anchor: Option<Anchor>,
 }
 
@@ -114,6 +116,13 @@ impl Gather {
     /// before each run of transmit polls.
     pub fn forget_anchor(&mut self) {
         self.anchor = None;
+    }
+
+    /// Let a staged lend (of memory not lent where it lies) copy at most `bytes` ahead of the
+    /// packet being built: what the transport may still send in this run (the send window's
+    /// room). The next packet's payload is always staged whole.
+    pub(crate) fn set_stage_room(&mut self, bytes: u64) {
+        self.stage_room = bytes;
     }
 
     /// Start a packet that goes into a batch of `epoch`.
@@ -180,17 +189,29 @@ impl Gather {
         }
         let whole = (len as u64).saturating_add(ahead);
         let mut anchored = None;
+        let mut in_place = true;
         if ahead > 0 {
             match mem.lend(actx, key, iova, whole, access) {
                 Ok(Some(l)) => anchored = Some(l),
-                Ok(None) => return Ok(false),
+                Ok(None) => in_place = false,
                 // The rest of the entry may be what fails: lend the piece alone, and fail
                 // (or not) as a lend of it does.
                 Err(_) => {}
             }
         }
+        if !in_place {
+            // Memory that is not lent where it lies: stage as much of the entry as this run
+            // may send (one checked copy), and cut this packet's payload from it.
+            let want = whole.min(self.stage_room.max(len as u64));
+            anchored = match mem.stage(actx, key, iova, want, access) {
+                Ok(Some(l)) => Some(l),
+                Ok(None) => return Ok(false),
+                Err(_) if want > len as u64 => None,
+                Err(e) => return Err(e),
+            };
+        }
         let l = match anchored {
-            Some(l) => {
+            Some(l) if l.len() > len => {
                 self.anchor = Some(Anchor {
                     tag,
                     key,
@@ -203,10 +224,20 @@ impl Gather {
                 });
                 l
             }
-            None => match mem.lend(actx, key, iova, len as u64, access)? {
-                Some(l) => l,
-                None => return Ok(false),
-            },
+            Some(l) => l,
+            None => {
+                let lent = match in_place {
+                    true => mem.lend(actx, key, iova, len as u64, access)?,
+                    false => None,
+                };
+                match lent {
+                    Some(l) => l,
+                    None => match mem.stage(actx, key, iova, len as u64, access)? {
+                        Some(l) => l,
+                        None => return Ok(false),
+                    },
+                }
+            }
         };
         let Some(s) = l.whole().sub(0, len) else {
             return Ok(false);

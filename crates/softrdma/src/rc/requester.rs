@@ -53,7 +53,7 @@ impl SendSide {
         mem: &dyn MemoryAccess,
         icrc: &IcrcPrefix,
         buf: &mut [u8],
-        gather: Option<&mut Gather>,
+        mut gather: Option<&mut Gather>,
     ) -> ReqOutput {
         if self.rnr_deadline.is_some() || self.halted {
             return ReqOutput::Idle;
@@ -109,6 +109,11 @@ impl SendSide {
             let force_ack =
                 self.noack + 1 >= ACK_REQ_EVERY || (self.cwnd < i32::MAX && ahead + 1 >= window);
             let end_ack = self.wants_ack(w, psn);
+            if let Some(g) = gather.as_deref_mut() {
+                // A staged payload copies no more than the window lets this run send.
+                let room = u64::try_from(window - ahead).unwrap_or(1);
+                g.set_stage_room(room.saturating_mul(u64::from(self.mtu)));
+            }
             match build_request(
                 w,
                 seq,

@@ -87,6 +87,7 @@ impl RecvSide {
                         let ahead = u64::from(remaining - plen);
                         let tag = READ_RESPONSE_TAG | u64::from(msn);
                         let access = Access::REMOTE_READ;
+                        g.set_stage_room(crate::mem::STAGE_MAX as u64);
                         match g.lend(mem, tag, actx, rkey, va, plen as usize, ahead, access) {
                             Ok(true) => Some(emit_lent(&h, plen as usize, icrc, buf, g)),
                             Ok(false) => None,
