@@ -193,12 +193,14 @@ pub fn pin_mode() -> PinMode {
 }
 
 /// How registered memory is copied, from `SOFTRDMA_RAW_COPY`: `checked` (the default:
-/// kernel-checked copies, so that memory unmapped under traffic ends in an access error) or
-/// `plain` (`memcpy`, for programs that never unmap or move registered memory: an unmap
-/// under traffic may then crash the process).
+/// checked copies, so that memory unmapped under traffic ends in an access error, never a
+/// signal), `kernel` (always the kernel's checked copies, for programs that own `SIGSEGV`
+/// and `SIGBUS` without chaining) or `plain` (`memcpy`, for programs that never unmap or
+/// move registered memory: an unmap under traffic may then crash the process).
 pub fn raw_copy() -> verbs::RawCopy {
     match std::env::var("SOFTRDMA_RAW_COPY").as_deref() {
         Ok("plain") => verbs::RawCopy::Plain,
+        Ok("kernel") => verbs::RawCopy::Kernel,
         _ => verbs::RawCopy::Checked,
     }
 }

@@ -511,3 +511,36 @@ fn a_send_past_the_largest_message_is_refused_before_its_offset_wraps() {
     );
     assert_eq!(qp.state(), softrdma::rc::QpState::Err);
 }
+
+/// A request refused with a fatal NAK (here a WRITE through a key that does not exist) ends
+/// the QP in the error state; the NAK may be lost like any packet, and the requester then
+/// sends the request again. The resend draws the same NAK (at its own PSN only), so that the
+/// requester's WR ends in a remote access error, not a retry error after its timeouts. On the
+/// old code the QP in the error state answered nothing.
+#[test]
+fn a_lost_fatal_nak_is_sent_again_for_the_resent_request() {
+    let mut v = victim(4);
+    let mut write = request(Opcode::RC_WRITE_ONLY, EPSN);
+    write.reth = Some(RethRepr {
+        va: 0x1000,
+        rkey: 0x0bad_0b00,
+        dma_len: 8,
+    });
+    let nak = Some(Syndrome::Nak(NakCode::RemoteAccessError));
+    v.inject(write.clone(), &[1; 8]);
+    let out = v.drain();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!((out[0].1, out[0].2), (Psn::new(EPSN), nak));
+    // Lost: the requester resends; the QP is in the error state by now.
+    for _ in 0..2 {
+        v.inject(write.clone(), &[1; 8]);
+        let out = v.drain();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!((out[0].1, out[0].2), (Psn::new(EPSN), nak));
+    }
+    // Another PSN draws nothing.
+    let mut other = write.clone();
+    other.bth.psn = Psn::new(EPSN + 1);
+    v.inject(other, &[1; 8]);
+    assert!(v.drain().is_empty());
+}

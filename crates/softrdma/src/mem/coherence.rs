@@ -61,11 +61,17 @@ pub enum RemapPolicy {
 /// How raw memory is copied (owned, file-backed and device memory always use `memcpy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RawCopy {
-    /// Kernel-checked copies (`process_vm_writev`/`readv`): a vanished page fails the access
-    /// with `Fault`. Falls back to `Plain` where those calls are refused (see
-    /// [`MemoryTable::checked_copy`]).
+    /// Checked copies: a vanished page fails the access with `Fault`, never a signal. On
+    /// x86-64 Linux they are *caught* copies (plain instructions whose faults a `SIGSEGV`/
+    /// `SIGBUS` handler turns into errors; see `mem/fault.rs`), elsewhere, or once a program
+    /// replaced that handler, the kernel's (`process_vm_writev`/`readv`). Falls back to
+    /// `Plain` where neither works (see [`MemoryTable::checked_copy`]).
     #[default]
     Checked,
+    /// Always the kernel's checked copies (`process_vm_writev`/`readv`), one system call per
+    /// access: for programs that own `SIGSEGV` and `SIGBUS` without chaining to handlers
+    /// installed before theirs.
+    Kernel,
     /// `memcpy`, as for owned memory: faster, but a vanished page crashes the process. For
     /// applications that never unmap registered memory.
     Plain,
@@ -161,10 +167,10 @@ impl MemoryTable {
         self.coherence.status()
     }
 
-    /// Whether raw regions are copied with kernel-checked copies (false when configured
-    /// [`RawCopy::Plain`], or when `process_vm_readv`/`writev` are refused here).
+    /// Whether raw regions are copied with checked copies, caught or the kernel's (false
+    /// when configured [`RawCopy::Plain`], or when neither works here).
     pub fn checked_copy(&self) -> bool {
-        self.raw_copy == super::copy::CopyMode::Checked
+        self.raw_copy != super::copy::CopyMode::Plain
     }
 
     /// Drain the invalidations noticed since the last call, oldest first. The queue is

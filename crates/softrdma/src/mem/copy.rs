@@ -44,15 +44,18 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::AtomicOp;
+use super::{AtomicOp, fault};
 
 /// How a region's bytes are reached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CopyMode {
     /// `memcpy` and CPU atomics: memory the engine keeps alive.
     Plain,
-    /// Kernel-checked copies: raw memory that may vanish at any time.
+    /// Raw memory that may vanish at any time: caught copies and atomics
+    /// ([`super::fault`]) while they are armed, else the kernel's checked copies.
     Checked,
+    /// Raw memory, always through the kernel's checked copies.
+    Kernel,
 }
 
 /// A checked copy hit a missing or protected page (`EFAULT`) or failed otherwise.
@@ -156,9 +159,14 @@ pub(crate) unsafe fn place(mode: CopyMode, dst: *mut u8, src: &[u8]) -> Result<(
     match mode {
         // SAFETY: forwarded from the caller.
         CopyMode::Plain => unsafe { copy_in(dst, src) },
-        CopyMode::Checked if src.is_empty() => {}
+        _ if src.is_empty() => {}
+        // SAFETY: `src` is a live slice; `dst` is raw memory that is valid or faults, and
+        // faults are caught (armed).
+        CopyMode::Checked if fault::armed() => {
+            return unsafe { fault::copy(dst, src.as_ptr(), src.len()) };
+        }
         // SAFETY: `src` is a live slice; the remote side is checked by the kernel.
-        CopyMode::Checked => return unsafe { vm_copy(src.as_ptr(), dst, src.len(), true) },
+        _ => return unsafe { vm_copy(src.as_ptr(), dst, src.len(), true) },
     }
     Ok(())
 }
@@ -172,11 +180,14 @@ pub(crate) unsafe fn fetch(mode: CopyMode, src: *const u8, dst: &mut [u8]) -> Re
     match mode {
         // SAFETY: forwarded from the caller.
         CopyMode::Plain => unsafe { copy_out(src, dst) },
-        CopyMode::Checked if dst.is_empty() => {}
-        // SAFETY: `dst` is a live slice; the remote side is checked by the kernel.
-        CopyMode::Checked => {
-            return unsafe { vm_copy(src, dst.as_mut_ptr(), dst.len(), false) };
+        _ if dst.is_empty() => {}
+        // SAFETY: `dst` is a live slice; `src` is raw memory that is valid or faults, and
+        // faults are caught (armed).
+        CopyMode::Checked if fault::armed() => {
+            return unsafe { fault::copy(dst.as_mut_ptr(), src, dst.len()) };
         }
+        // SAFETY: `dst` is a live slice; the remote side is checked by the kernel.
+        _ => return unsafe { vm_copy(src, dst.as_mut_ptr(), dst.len(), false) },
     }
     Ok(())
 }
@@ -198,7 +209,18 @@ pub(crate) unsafe fn atomic_in(
         // SAFETY: forwarded from the caller.
         return Ok(unsafe { atomic(addr, op) });
     }
-    // Checked: see the module documentation.
+    if mode == CopyMode::Checked && fault::armed() {
+        let p = addr.cast::<u64>();
+        // SAFETY: an aligned word of raw memory that is valid or faults, and faults are
+        // caught (armed): a CPU atomic, as for plain memory.
+        return unsafe {
+            match op {
+                AtomicOp::CompareSwap { compare, swap } => fault::compare_swap(p, compare, swap),
+                AtomicOp::FetchAdd { add } => fault::fetch_add(p, add),
+            }
+        };
+    }
+    // Through the kernel: see the module documentation.
     static RAW_ATOMICS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _serial = RAW_ATOMICS
         .lock()

@@ -11,6 +11,7 @@ mod arena;
 mod coherence;
 mod copy;
 mod error;
+mod fault;
 mod key;
 mod lend;
 mod lookup;

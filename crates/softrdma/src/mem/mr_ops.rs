@@ -4,6 +4,7 @@ use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
+use super::copy::CopyMode;
 use super::region::{Mr, MrState, MrStatus, range_fits, validate_mr_access};
 use super::source::Backing;
 use super::table::{Entry, read, wants_on_demand, write};
@@ -113,6 +114,10 @@ impl MemoryTable {
             Err(e) => return Err(undo(RegError::new(e, backing.into_source()))),
         };
         let raw = backing.is_raw();
+        if raw && self.raw_copy == CopyMode::Checked {
+            // A program may have replaced the fault handler since: then the kernel copies.
+            super::fault::still_armed();
+        }
         let state = MrState {
             pd,
             access,

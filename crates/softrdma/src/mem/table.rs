@@ -173,8 +173,11 @@ impl MemoryTable {
             .collect();
         let raw_copy = match config.raw_copy {
             RawCopy::Plain => CopyMode::Plain,
-            RawCopy::Checked if checked_copy_available() => CopyMode::Checked,
-            RawCopy::Checked => {
+            RawCopy::Checked if super::fault::arm() || checked_copy_available() => {
+                CopyMode::Checked
+            }
+            RawCopy::Kernel if checked_copy_available() => CopyMode::Kernel,
+            RawCopy::Checked | RawCopy::Kernel => {
                 tracing::warn!(
                     "process_vm_readv/writev refused: raw regions use plain copies, and an \
                      unmap of registered memory can crash the process"

@@ -168,7 +168,7 @@ pub struct RecvSide {
     pub(super) unacked: Option<Psn>,
     /// The PSN and NAK of a message or READ response stream an invalidated region cut short
     /// (error state only), and whether it was a stream (see [`RecvSide::answer_violation`]).
-    violation: Option<(Psn, NakCode, bool)>,
+    pub(super) violation: Option<(Psn, NakCode, bool)>,
     /// Keys a peer's SEND with Invalidate invalidated, for the driver to wait on
     /// ([`super::Qp::pop_invalidated`]).
     pub(super) invalidated: Vec<u32>,
@@ -325,6 +325,10 @@ impl RecvSide {
 
     pub(super) fn nak(&mut self, psn: Psn, code: NakCode, c: &mut RespCounters) -> RespOutcome {
         c.naks_sent += 1;
+        // The QP ends in the error state; a resend of the request (its NAK lost, like any
+        // packet) draws the NAK again there (`answer_violation`) instead of silence, which
+        // would end the requester's WR in a retry error.
+        self.violation = Some((psn, code, false));
         self.resp.clear();
         self.rd_atomic_queued = 0;
         self.dup_queued = 0;

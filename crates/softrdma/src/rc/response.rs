@@ -159,6 +159,9 @@ impl RecvSide {
                     }
                     (Err(_), Some(e)) => {
                         let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
+                        // A resend of the READ, from any PSN of its stream up to this one,
+                        // draws the NAK again in the error state (`answer_violation`).
+                        self.violation = Some((psn, code, true));
                         self.resp.clear();
                         self.rd_atomic_queued = 0;
                         self.dup_queued = 0;
