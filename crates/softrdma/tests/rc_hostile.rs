@@ -527,19 +527,19 @@ fn a_lost_fatal_nak_is_sent_again_for_the_resent_request() {
         dma_len: 8,
     });
     let nak = Some(Syndrome::Nak(NakCode::RemoteAccessError));
-    v.inject(write.clone(), &[1; 8]);
+    v.inject(write, &[1; 8]);
     let out = v.drain();
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!((out[0].1, out[0].2), (Psn::new(EPSN), nak));
     // Lost: the requester resends; the QP is in the error state by now.
     for _ in 0..2 {
-        v.inject(write.clone(), &[1; 8]);
+        v.inject(write, &[1; 8]);
         let out = v.drain();
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!((out[0].1, out[0].2), (Psn::new(EPSN), nak));
     }
     // Another PSN draws nothing.
-    let mut other = write.clone();
+    let mut other = write;
     other.bth.psn = Psn::new(EPSN + 1);
     v.inject(other, &[1; 8]);
     assert!(v.drain().is_empty());
