@@ -236,7 +236,10 @@ impl Drop for Coherence {
             let one = 1u64.to_ne_bytes();
             // SAFETY: writes 8 bytes from a live local to our own eventfd.
             let _ = unsafe { libc::write(s.stop.as_raw_fd(), one.as_ptr().cast(), 8) };
+            // The last owner may let go on the watcher thread itself (a notify hook that held
+            // the device the moment it was closed): it then ends on its own, unjoined.
             if let Some(t) = s.thread.take()
+                && t.thread().id() != std::thread::current().id()
                 && t.join().is_err()
             {
                 tracing::warn!("the coherence watcher panicked");
