@@ -76,6 +76,9 @@ pub struct EngineCounters {
     /// Packets sent zero-copy: their payload went from the region to the socket without
     /// passing through the transmit buffer.
     pub tx_zero_copy: AtomicU64,
+    /// Busy-poll mode: posts whose transmission was left for the poster's next poll
+    /// ([`Engine::post_done`]).
+    pub posts_deferred: AtomicU64,
     /// Times the engine thread woke up (a timer, a packet, or its waker).
     pub thread_wakeups: AtomicU64,
     /// Times the engine thread received for the device (always in blocking mode; in
@@ -113,8 +116,11 @@ pub struct QpBody {
     deltas: IdDeltas,
     held_ack: HeldAck,
     /// In the engine's pending-transmit queue: answers are left over from a drive that spent
-    /// its budget (see [`RESPONSE_BUDGET`]).
+    /// its budget (see [`RESPONSE_BUDGET`]), or posts wait for their doorbell
+    /// ([`Engine::post_done`]).
     tx_queued: bool,
+    /// Posts whose transmission waits for the poster's next poll ([`Engine::post_done`]).
+    deferred: u32,
 }
 
 /// Answers (READ response packets, acknowledgements) a QP sends per drive at most: a READ
@@ -283,6 +289,7 @@ impl QpCell {
                 deltas: IdDeltas::default(),
                 held_ack: HeldAck::default(),
                 tx_queued: false,
+                deferred: 0,
             }),
             send_cq,
             recv_cq,
@@ -441,6 +448,14 @@ const SPINNER_SKIPS: u32 = 8;
 /// application: such an application stalls every round trip, a one-off (a connection set up,
 /// an application pausing) does not.
 const SPINNER_TAKEOVERS: u32 = 3;
+
+/// Posts one QP leaves for the poster's next poll at most ([`Engine::post_done`]); the next
+/// one transmits them all.
+const DOORBELL_MAX: u32 = 32;
+
+/// Rounds in which the engine thread, woken for posts left for a poll, tries again a QP
+/// whose lock was taken.
+const DOORBELL_RETRIES: usize = 8;
 
 /// After a scan of the QPs' timers, the next waits at least this long per QP of the device
 /// (ns).

@@ -638,6 +638,11 @@ impl Qp {
         self.send.next_ud_dest()
     }
 
+    /// True while request packets sent wait for their acknowledgement or response.
+    pub fn requests_outstanding(&self) -> bool {
+        self.send.outstanding()
+    }
+
     /// True when a request is left to start or continue (see [`Qp::has_transmit_work`]).
     pub fn has_request_work(&self) -> bool {
         matches!(self.state, QpState::Rts | QpState::Sqd) && self.send.has_request_work()

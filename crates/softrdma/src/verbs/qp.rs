@@ -326,7 +326,7 @@ impl Qp {
     pub fn post_batch(&self) -> PostBatch<'_> {
         PostBatch {
             qp: self,
-            body: self.cell.lock(),
+            body: Some(self.cell.lock()),
             posted: false,
         }
     }
@@ -373,14 +373,18 @@ impl Drop for Qp {
 #[derive(Debug)]
 pub struct PostBatch<'a> {
     qp: &'a Qp,
-    body: QpGuard<'a>,
+    /// The QP, locked (until the batch is dropped).
+    body: Option<QpGuard<'a>>,
     posted: bool,
 }
 
 impl PostBatch<'_> {
     /// Post one send work request (`ibv_post_send` for one element of the list).
     pub fn post(&mut self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
-        self.body.qp.post_send(wr)?;
+        let Some(body) = self.body.as_mut() else {
+            return Err(VerbsError::InvalidArgument("the batch is closed".into()));
+        };
+        body.qp.post_send(wr)?;
         self.posted = true;
         Ok(())
     }
@@ -388,10 +392,20 @@ impl PostBatch<'_> {
 
 impl Drop for PostBatch<'_> {
     fn drop(&mut self) {
-        if self.posted {
-            let engine = self.qp.pd.device().engine();
-            let now = engine.now();
-            engine.drive(&self.qp.cell, &mut self.body, now);
+        let Some(mut body) = self.body.take() else {
+            return;
+        };
+        if !self.posted {
+            return;
+        }
+        let engine = self.qp.pd.device().engine();
+        let now = engine.now();
+        // Transmitted now, or left for the poster's next poll (busy-poll mode): then the
+        // engine thread is woken once the QP is unlocked, so that it can take the QP.
+        let kick = engine.post_done(&self.qp.cell, &mut body, now);
+        drop(body);
+        if kick {
+            engine.kick_for_doorbell();
         }
     }
 }

@@ -10,8 +10,11 @@ impl Engine {
     /// been quiet for a few milliseconds).
     pub(super) fn poller_active(&self, now: u64) {
         self.last_poll.store(now, Ordering::Relaxed);
+        let armed = self.waker_armed.load(Ordering::Relaxed);
+        // 0: never armed (or disarmed by `poller_sleeping`), even within WAKER_PUSH of the
+        // engine's start.
         if self.mode == PollMode::BusyPoll
-            && now.saturating_sub(self.waker_armed.load(Ordering::Relaxed)) >= WAKER_PUSH
+            && (armed == 0 || now.saturating_sub(armed) >= WAKER_PUSH)
         {
             self.waker_armed.store(now, Ordering::Relaxed);
             self.wake_in(WAKER_DELAY);
@@ -156,9 +159,14 @@ impl Engine {
 
     /// True when no application thread has polled for `POLLER_ACTIVE`.
     pub(super) fn pollers_quiet(&self) -> bool {
-        self.now()
-            .saturating_sub(self.last_poll.load(Ordering::Relaxed))
-            > POLLER_ACTIVE
+        self.quiet_for(self.now(), POLLER_ACTIVE)
+    }
+
+    /// True when no application thread has polled for `span` ns at `now` (or ever: a device
+    /// whose application never polls is quiet from its start, not only `span` after it).
+    pub(super) fn quiet_for(&self, now: u64, span: u64) -> bool {
+        let last = self.last_poll.load(Ordering::Relaxed);
+        last == 0 || now.saturating_sub(last) > span
     }
 
     /// The receive path for the engine thread, when it is the thread's turn: always in
@@ -247,10 +255,7 @@ impl Engine {
             let watch_socket = match self.mode {
                 PollMode::Blocking => true,
                 PollMode::BusyPoll => {
-                    (spinner && !nap)
-                        || (!woken_for_nothing
-                            && now.saturating_sub(self.last_poll.load(Ordering::Relaxed))
-                                > POLLER_ACTIVE)
+                    (spinner && !nap) || (!woken_for_nothing && self.quiet_for(now, POLLER_ACTIVE))
                 }
             };
             // While pollers are active they fire timers themselves, and keep pushing the
@@ -348,10 +353,7 @@ impl Engine {
                     // on. While watching, a datagram taken when no thread had even posted for
                     // SPINNER_GRACE confirms it; one a busy poster left behind does not.
                     if self.mode == PollMode::BusyPoll {
-                        let idle = self
-                            .now()
-                            .saturating_sub(self.last_poll.load(Ordering::Relaxed))
-                            > SPINNER_GRACE;
+                        let idle = self.quiet_for(self.now(), SPINNER_GRACE);
                         if spinner {
                             if found > 0 && idle {
                                 skips = 0;
@@ -376,6 +378,16 @@ impl Engine {
                 // marked itself active for a while), or was active again by the time this
                 // thread ran.
                 None => {
+                    // Posts left for a poll (`post_done`) or answers left over: sent now if
+                    // no poller got to them first. A QP still locked (its poster is about
+                    // to let go, or posts again) is tried again a few times.
+                    for _ in 0..DOORBELL_RETRIES {
+                        self.serve_pending_transmit();
+                        if !self.has_pending_transmit() {
+                            break;
+                        }
+                        std::thread::yield_now();
+                    }
                     woken_for_nothing = ready || pollers_quiet;
                     retry = pollers_quiet;
                     // Watching for a memory spinner, but a poller had the receive path: that

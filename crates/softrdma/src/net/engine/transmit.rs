@@ -23,6 +23,7 @@ impl Engine {
         now: u64,
         defer_acks: bool,
     ) -> Option<u64> {
+        body.deferred = 0;
         // A UD QP has no peer: each datagram goes where its work request says.
         let dst = body.peer;
         if dst.is_some() || cell.qp_type == QpType::Ud {
@@ -129,6 +130,42 @@ impl Engine {
                 .fetch_add(zero_copy as u64, Ordering::Relaxed);
         }
         built_n
+    }
+
+    /// Work requests were just posted to the (locked) QP: transmit them, or, in busy-poll
+    /// mode while the QP has packets in flight and the application polls, leave them for its
+    /// next poll (the doorbell of a NIC that batches them), up to [`DOORBELL_MAX`] posts. An
+    /// application that posts one request per call in a poll loop (perftest) so sends them
+    /// several to a system call instead of one. The QP joins the pending-transmit queue, which
+    /// every poll serves first. Returns true when the caller must kick the engine thread
+    /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread serves the
+    /// queue too when it gets to run first, so that an application that stops polling
+    /// (waiting on memory for the peer's answer) is not left waiting for its requests.
+    #[must_use]
+    pub fn post_done(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64) -> bool {
+        if self.mode == PollMode::BusyPoll
+            && body.deferred < DOORBELL_MAX
+            && body.peer.is_some()
+            && body.qp.requests_outstanding()
+            && !self.quiet_for(now, POLLER_ACTIVE)
+        {
+            body.deferred += 1;
+            self.counters.posts_deferred.fetch_add(1, Ordering::Relaxed);
+            if body.tx_queued {
+                return false;
+            }
+            body.tx_queued = true;
+            let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.push_back(Arc::clone(cell));
+            return self.tx_pending_len.fetch_add(1, Ordering::Release) == 0;
+        }
+        self.drive(cell, body, now);
+        false
+    }
+
+    /// Wake the engine thread for posts left for a poll ([`Engine::post_done`] said so).
+    pub fn kick_for_doorbell(&self) {
+        self.kick_thread();
     }
 
     /// Answers left over (a drive spent its budget): the engine serves them later.
