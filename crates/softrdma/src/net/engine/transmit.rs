@@ -32,14 +32,15 @@ impl Engine {
             let hold = defer_acks || body.held_ack.since.is_some();
             let sent = self.build(body, dst, now, hold);
             // Requests and answers go first. Outside packet handling (a post, a timer), a
-            // held ACK goes out behind them, as a datagram of its own in the same system
-            // call: the peer may be waiting for it (a signaled send completes only with it),
-            // and the request it follows is already on its way. Never from packet handling:
-            // the next progress call sends a due one, after the application has seen what
-            // arrived.
+            // held ACK goes out behind them in the same system call, as the last (shorter)
+            // GSO segment of their datagram where GSO is on: the peer may be waiting for it (a
+            // signaled send completes only with it), and the request it follows is already on
+            // its way; one datagram through both kernels' stacks costs less than two (a
+            // ping-pong whose every WRITE is signaled, as perftest's: 7.5 -> 6.5-6.8 us
+            // typical). Never from packet handling: the next progress call sends a due one,
+            // after the application has seen what arrived.
             if !defer_acks && body.held_ack.since.is_some() && (sent > 0 || body.held_ack.due(now))
             {
-                body.tx.end_datagram();
                 self.build(body, dst, now, false);
             }
             self.flush(&mut body.tx);
