@@ -435,6 +435,23 @@ pub fn roce_packet_type(net: NetworkHdr) -> u8 {
     }
 }
 
+/// Empty polls in a row, per thread, after which one yields the CPU.
+const YIELD_EVERY: u32 = 16;
+
+/// Count an empty poll of this thread; true every [`YIELD_EVERY`]-th. A yield is a system
+/// call: after every empty poll it delayed a completion that arrived meanwhile by its
+/// length, and a spinning application (perftest) polls back to back.
+fn empty_poll_yields() -> bool {
+    thread_local! {
+        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    EMPTY.with(|e| {
+        let n = e.get().wrapping_add(1);
+        e.set(n);
+        n.is_multiple_of(YIELD_EVERY)
+    })
+}
+
 /// `ops.poll_cq`: up to `num` completions into `wc`; their number, or -1 for a NULL CQ or
 /// array or a negative count.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
@@ -465,7 +482,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ib
                 }
             }
             c.report_overrun();
-            if done == 0 {
+            if done == 0 && empty_poll_yields() {
                 // Nothing yet: give the CPU to whoever is runnable here (the engine thread,
                 // or a peer process on a small machine) instead of spinning through its
                 // time slice.
