@@ -451,7 +451,16 @@ const SPINNER_TAKEOVERS: u32 = 3;
 
 /// Posts one QP leaves for the poster's next poll at most ([`Engine::post_done`]); the next
 /// one transmits them all.
-const DOORBELL_MAX: u32 = 32;
+const DOORBELL_MAX: u32 = 128;
+
+/// Busy-poll mode, when the engine thread receives because no application thread polls: it
+/// keeps receiving until this long (ns) passes without a datagram before it sleeps again
+/// (`Engine::spin_receive`).
+const ENGINE_SPIN: u64 = 50_000;
+
+/// The longest the engine thread receives in one spin before it looks at timers and the rest
+/// of its loop again (ns).
+const ENGINE_SPIN_MAX: u64 = 2_000_000;
 
 /// Rounds in which the engine thread, woken for posts left for a poll, tries again a QP
 /// whose lock was taken.
