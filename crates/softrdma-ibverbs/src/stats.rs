@@ -39,6 +39,9 @@ pub fn line(name: &str, d: &verbs::Device) -> String {
         ("rx_unknown_qp", &c.rx_unknown_qp),
         ("rx_wrong_peer", &c.rx_wrong_peer),
         ("access_violations", &c.access_violations),
+        ("posts_deferred", &c.posts_deferred),
+        ("thread_wakeups", &c.thread_wakeups),
+        ("thread_receives", &c.thread_receives),
     ];
     let mut s = format!(
         "softrdma-stats: pid={} dev={name} addr={}",

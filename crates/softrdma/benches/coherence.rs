@@ -1,8 +1,10 @@
 //! Cost of registration coherence, against plain `memcpy` measured in the same run:
 //! - placement (`MemoryAccess::write`) into owned memory, into raw memory with checked copies
-//!   (`process_vm_writev`, the choice), with plain copies (`RawCopy::Plain`), and the rejected
-//!   candidate `pwrite` on `/proc/self/mem`, at 64 B, 4 KiB, 64 KiB and 1 MiB;
-//! - fetch (`read`) and atomics, owned vs raw;
+//!   (the default: caught copies on x86-64, `raw_checked`), with the kernel's checked copies
+//!   (`process_vm_writev`, `RawCopy::Kernel`, `raw_kernel`), with plain copies
+//!   (`RawCopy::Plain`), and the rejected candidate `pwrite` on `/proc/self/mem`, at 64 B,
+//!   4 KiB, 64 KiB and 1 MiB;
+//! - fetch (`read`) and atomics, owned vs raw (caught and the kernel's);
 //! - owned placement with the watcher on and off (owned regions must not get slower);
 //! - the watcher: raw reg+dereg with it on and off, and the round trip of one event
 //!   (`madvise(MADV_DONTNEED)` of a registered page, which waits for the watcher).
@@ -72,9 +74,10 @@ fn memcpy(dst: &mut [u8], src: &[u8]) {
 
 fn place(c: &mut Criterion) {
     let max = *SIZES.last().unwrap();
-    let (mut m1, mut m2) = (anon(max), anon(max));
+    let (mut m1, mut m2, mut m3) = (anon(max), anon(max), anon(max));
     let checked = setup(WatchMode::On, RawCopy::Checked, &mut m1);
     let plain = setup(WatchMode::On, RawCopy::Plain, &mut m2);
+    let kernel = setup(WatchMode::On, RawCopy::Kernel, &mut m3);
     assert!(checked.t.checked_copy(), "process_vm_writev unavailable");
     let proc_mem = File::options().write(true).open("/proc/self/mem").unwrap();
     let mut dst = vec![0u8; max];
@@ -94,6 +97,10 @@ fn place(c: &mut Criterion) {
         });
         g.bench_with_input(BenchmarkId::new("raw_checked", n), &n, |b, _| {
             b.iter(|| s.t.write(s.c, s.raw.rkey, s.raw.iova, data, RW).unwrap())
+        });
+        let k = &kernel;
+        g.bench_with_input(BenchmarkId::new("raw_kernel", n), &n, |b, _| {
+            b.iter(|| k.t.write(k.c, k.raw.rkey, k.raw.iova, data, RW).unwrap())
         });
         let p = &plain;
         g.bench_with_input(BenchmarkId::new("raw_plain", n), &n, |b, _| {
@@ -116,6 +123,9 @@ fn place(c: &mut Criterion) {
     g.bench_function("raw_checked", |b| {
         b.iter(|| s_read(&checked, checked.raw, &mut out))
     });
+    g.bench_function("raw_kernel", |b| {
+        b.iter(|| s_read(&kernel, kernel.raw, &mut out))
+    });
     g.finish();
 
     let mut g = c.benchmark_group("atomic");
@@ -127,9 +137,13 @@ fn place(c: &mut Criterion) {
     g.bench_function("raw_checked", |b| {
         b.iter(|| s.t.atomic(s.c, s.raw.rkey, s.raw.iova, op).unwrap())
     });
+    let k = &kernel;
+    g.bench_function("raw_kernel", |b| {
+        b.iter(|| k.t.atomic(k.c, k.raw.rkey, k.raw.iova, op).unwrap())
+    });
     g.finish();
-    ratios(&checked, &plain, &proc_mem, m1.as_ptr() as u64);
-    drop((checked, plain));
+    ratios(&checked, &kernel, &plain, &proc_mem, m1.as_ptr() as u64);
+    drop((checked, kernel, plain));
 }
 
 fn s_read(s: &Setup, mr: MrInfo, out: &mut [u8]) {
@@ -204,7 +218,7 @@ fn median(n: usize, mut f: impl FnMut()) -> Duration {
     v[n / 2]
 }
 
-fn ratios(checked: &Setup, plain: &Setup, proc_mem: &File, at: u64) {
+fn ratios(checked: &Setup, kernel: &Setup, plain: &Setup, proc_mem: &File, at: u64) {
     println!("\nratios (medians of batched timings, same run; x = time / memcpy time):");
     let max = *SIZES.last().unwrap();
     let src = vec![7u8; max];
@@ -226,16 +240,20 @@ fn ratios(checked: &Setup, plain: &Setup, proc_mem: &File, at: u64) {
                 .unwrap()
         });
         let chk = time(&mut || s.t.write(s.c, s.raw.rkey, s.raw.iova, data, RW).unwrap());
+        let k = kernel;
+        let kern = time(&mut || k.t.write(k.c, k.raw.rkey, k.raw.iova, data, RW).unwrap());
         let p = plain;
         let pl = time(&mut || p.t.write(p.c, p.raw.rkey, p.raw.iova, data, RW).unwrap());
         let pm = time(&mut || proc_mem.write_all_at(data, at).unwrap());
         let x = |d: Duration| d.as_secs_f64() / base.as_secs_f64();
         println!(
             "  {n:>7} B  memcpy {base:>10.2?}  owned {owned:>10.2?} ({:.1}x)  raw_checked {chk:>10.2?} \
-             ({:.1}x, {:.2} GB/s)  raw_plain {pl:>10.2?} ({:.1}x)  /proc/self/mem {pm:>10.2?} ({:.1}x)",
+             ({:.1}x, {:.2} GB/s)  raw_kernel {kern:>10.2?} ({:.1}x)  raw_plain {pl:>10.2?} \
+             ({:.1}x)  /proc/self/mem {pm:>10.2?} ({:.1}x)",
             x(owned),
             x(chk),
             n as f64 / chk.as_secs_f64() / 1e9,
+            x(kern),
             x(pl),
             x(pm),
         );

@@ -1506,6 +1506,37 @@ fn a_deferred_post_is_sent_when_the_poster_stops_polling() {
     }
     let deferred = a.dev.counters().posts_deferred.load(Relaxed);
     assert!(deferred > 0, "no post was left for a poll");
+    // A SEND behind a WRITE in flight goes out at once: it consumes a receive the peer
+    // reposts as it polls, and deferred bursts of SENDs outran the peer's receives.
+    let rbuf = b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
+    b.qp.post_recv(&RecvWr {
+        wr_id: 77,
+        sg_list: &[rbuf.sge(0, 64)],
+    })
+    .unwrap();
+    let mut batch = a.qp.post_batch();
+    batch.post(&write(1, 0).sg(&bulk)).unwrap();
+    drop(batch);
+    a.dev.progress();
+    let ping = [src.sge(0, 8)];
+    let mut batch = a.qp.post_batch();
+    batch
+        .post(
+            &SendWr::new(3, WrOpcode::Send)
+                .sg(&ping)
+                .flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+    drop(batch);
+    assert_eq!(
+        a.dev.counters().posts_deferred.load(Relaxed),
+        deferred,
+        "a SEND was left for a poll"
+    );
+    assert_eq!(one(&b.cq).wr_id, 77);
+    for _ in 0..2 {
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+    }
     println!("deferred {deferred} of 20; waits {waits:?}");
     waits.sort();
     let median = waits[waits.len() / 2];

@@ -207,6 +207,17 @@ impl WrOpcode {
             WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. }
         )
     }
+    /// True when the request consumes a receive at the responder (SEND kinds, WRITE with
+    /// immediate).
+    pub const fn consumes_receive(&self) -> bool {
+        matches!(
+            self,
+            WrOpcode::Send
+                | WrOpcode::SendWithImm { .. }
+                | WrOpcode::SendWithInv { .. }
+                | WrOpcode::RdmaWriteWithImm { .. }
+        )
+    }
     /// True for work executed locally without packets (LOCAL_INV, BIND_MW).
     pub const fn is_local(&self) -> bool {
         matches!(self, WrOpcode::LocalInv { .. } | WrOpcode::BindMw { .. })

@@ -135,7 +135,10 @@ impl Engine {
 
     /// Work requests were just posted to the (locked) QP: transmit them, or, in busy-poll
     /// mode while the QP has packets in flight and the application polls, leave them for its
-    /// next poll (the doorbell of a NIC that batches them), up to [`DOORBELL_MAX`] posts. An
+    /// next poll (the doorbell of a NIC that batches them), up to [`DOORBELL_MAX`] posts. Only
+    /// posts that `may_wait`: one-sided requests (WRITE, READ, atomics); a SEND or WRITE with
+    /// immediate consumes a receive the peer reposts as it polls, and a burst of them can
+    /// outrun it (UCX keeps few: each SEND beyond drew an RNR NAK and a wait). An
     /// application that posts one request per call in a poll loop (perftest) so sends them
     /// several to a system call instead of one. The QP joins the pending-transmit queue, which
     /// every poll serves first. Returns true when the caller must kick the engine thread
@@ -143,8 +146,15 @@ impl Engine {
     /// queue too when it gets to run first, so that an application that stops polling
     /// (waiting on memory for the peer's answer) is not left waiting for its requests.
     #[must_use]
-    pub fn post_done(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64) -> bool {
+    pub fn post_done(
+        &self,
+        cell: &Arc<QpCell>,
+        body: &mut QpBody,
+        now: u64,
+        may_wait: bool,
+    ) -> bool {
         if self.mode == PollMode::BusyPoll
+            && may_wait
             && body.deferred < DOORBELL_MAX
             && body.peer.is_some()
             && body.qp.requests_outstanding()
