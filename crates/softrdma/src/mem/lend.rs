@@ -19,7 +19,7 @@
 //!
 //! Memory the application may unmap at any moment (raw regions, copied with kernel checks) is
 //! never lent where it lies: the checksum would have to read it unprotected. It is *staged*
-//! instead ([`Lent::staged`]): one kernel-checked copy moves as much of a message as the
+//! instead (`Lent::staged`): one checked copy moves as much of a message as the
 //! transport is about to send (up to [`STAGE_MAX`] bytes) into a buffer of the engine's, which
 //! is then lent like region bytes, so that the packets cut from it cost no system call of
 //! their own. A vanished page fails that copy, as it fails any checked copy.
@@ -72,7 +72,7 @@ enum Owner {
 }
 
 /// Bytes of a region lent to the transmit path; while it lives, the region's backing stays in
-/// place (see the module documentation). Or a staged copy of them ([`Lent::staged`]).
+/// place (see the module documentation). Or a staged copy of them (`Lent::staged`).
 pub struct Lent {
     owner: Owner,
     ptr: *const u8,

@@ -4,8 +4,10 @@
 //! ([`MemoryTable::reg_mr`] with a [`MemSource`] of one of four kinds), binds windows and
 //! suspends/resumes regions; the transport reaches memory only through [`MemoryAccess`],
 //! which validates key, PD, QP, bounds, rights and state before every copy.
-//! Raw memory the application may unmap or move is copied with kernel-checked copies and
-//! watched for changes (see [`WatchMode`], [`RemapPolicy`], [`MemoryTable::take_invalidations`]).
+//! Raw memory the application may unmap or move is copied with checked copies (caught ones on
+//! x86-64, `fault.rs`; the kernel's elsewhere, see [`RawCopy`]), staged once per message for
+//! sending (`Lent::staged`), and watched for changes (see [`WatchMode`], [`RemapPolicy`],
+//! [`MemoryTable::take_invalidations`]).
 mod access;
 mod arena;
 mod coherence;

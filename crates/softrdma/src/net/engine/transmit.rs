@@ -135,7 +135,7 @@ impl Engine {
 
     /// Work requests were just posted to the (locked) QP: transmit them, or, in busy-poll
     /// mode while the QP has packets in flight and the application polls, leave them for its
-    /// next poll (the doorbell of a NIC that batches them), up to [`DOORBELL_MAX`] posts. Only
+    /// next poll (the doorbell of a NIC that batches them), up to `DOORBELL_MAX` posts. Only
     /// posts that `may_wait`: one-sided requests (WRITE, READ, atomics); a SEND or WRITE with
     /// immediate consumes a receive the peer reposts as it polls, and a burst of them can
     /// outrun it (UCX keeps few: each SEND beyond drew an RNR NAK and a wait). An
