@@ -10,19 +10,20 @@
 //! ([`CopyMode::Plain`]). Memory at a raw address belongs to the application, which may
 //! `munmap` or `mremap` it at any moment: the watcher only learns of an unmap *after* the
 //! pages are gone, so no lock can keep a copy from faulting. Raw regions are therefore copied
-//! by the kernel, with `process_vm_writev`/`process_vm_readv` on our own process
-//! ([`CopyMode::Checked`]): a missing or protected page makes the call fail with `EFAULT`,
-//! which becomes [`AccessError::Fault`](super::AccessError::Fault), never a signal.
+//! with checked copies ([`CopyMode::Checked`]), where a missing or protected page becomes
+//! [`AccessError::Fault`](super::AccessError::Fault), never a signal: *caught* copies on
+//! x86-64 Linux (`rep movsb` and locked atomics whose `SIGSEGV`/`SIGBUS` a handler turns into
+//! a return of "faulted", `fault.rs`, which explains the price: owning a signal disposition,
+//! chained to the previous one), else the kernel's, `process_vm_writev`/`process_vm_readv` on
+//! our own process, which fail with `EFAULT` ([`CopyMode::Kernel`], also the fallback once a
+//! program replaced the handler).
 //!
 //! Candidates measured and rejected (figures in docs/PERFORMANCE.md, "Registration
-//! coherence"): `pread`/`pwrite` on `/proc/self/mem` (equally safe, slower at every size, and
-//! it writes through read-only mappings because it uses `FOLL_FORCE`); pre-checking pages
-//! with `mincore` or `/proc/self/pagemap` (racy: the page can go between check and copy); a
-//! `SIGSEGV` handler that resumes a faulting copy (a library would have to own the process's
-//! signal disposition and chain with whatever the application, its runtime or a sanitizer
-//! installs, where the last installer silently wins; `sigsetjmp`/`longjmp` across Rust frames
-//! is undefined behaviour, and a hand-written copy loop with a fix-up table is per
-//! architecture).
+//! coherence"): `pread`/`pwrite` on `/proc/self/mem` (equally safe, no faster than the
+//! kernel's copies, and it writes through read-only mappings because it uses `FOLL_FORCE`);
+//! pre-checking pages with `mincore` or `/proc/self/pagemap` (racy: the page can go between
+//! check and copy); `sigsetjmp`/`longjmp` out of a fault handler (undefined behaviour across
+//! Rust frames: the caught routines resume at a fix-up of their own instead).
 //!
 //! # Bytes read while they may change
 //! A zero-copy send checksums its payload where it lies in the region (`lend.rs`), while the
@@ -31,7 +32,9 @@
 //! buffer, 4 KiB at a time, which the checksum then reads.
 //!
 //! # Atomics on raw regions
-//! No system call performs a 64-bit compare-and-swap or fetch-and-add on another address
+//! Caught atomics are CPU atomics (`lock xadd`, `lock cmpxchg`), whose fault on memory made
+//! read-only or unmapped after the registration is caught like a copy's. Through the kernel:
+//! no system call performs a 64-bit compare-and-swap or fetch-and-add on another address
 //! with fault handling. softrdma's atomics are atomic with respect to the device
 //! (`IBV_ATOMIC_HCA`: other RDMA atomics, not the application's CPU instructions), so an
 //! atomic on a raw region is executed under one process-wide lock as a kernel-checked read of
@@ -39,10 +42,10 @@
 //! atomic on raw memory, of any device of the process, is serialised by that lock, and a
 //! missing page (unmapped, or a file truncated under it) or a read-only one fails with
 //! `Fault`, never a signal. The 8 naturally aligned bytes lie in one page, so the write is
-//! all or nothing. A CPU atomic here instead would fault on memory made read-only or unmapped
-//! after the registration, which a peer could trigger at will.
+//! all or nothing. An uncaught CPU atomic here instead would fault on memory made read-only or
+//! unmapped after the registration, which a peer could trigger at will.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use super::{AtomicOp, fault};
 
@@ -76,12 +79,12 @@ pub(crate) fn checked_copy_available() -> bool {
 /// A child made by `fork` forgets the parent's (the `pthread_atfork` handler registered
 /// before the first value is cached), so it copies within itself.
 fn own_pid() -> libc::pid_t {
-    static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    static PID: AtomicI32 = AtomicI32::new(0);
     static FORGET_IN_CHILD: std::sync::Once = std::sync::Once::new();
     extern "C" fn forget() {
-        PID.store(0, std::sync::atomic::Ordering::Relaxed);
+        PID.store(0, Ordering::Relaxed);
     }
-    let pid = PID.load(std::sync::atomic::Ordering::Relaxed);
+    let pid = PID.load(Ordering::Relaxed);
     if pid != 0 {
         return pid;
     }
@@ -92,7 +95,7 @@ fn own_pid() -> libc::pid_t {
     });
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    PID.store(pid, std::sync::atomic::Ordering::Relaxed);
+    PID.store(pid, Ordering::Relaxed);
     pid
 }
 

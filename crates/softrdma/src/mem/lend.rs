@@ -17,7 +17,7 @@
 //! take only read locks, which the operation has released by then), so the wait ends as soon
 //! as the datagrams queued by the lender have been sent: microseconds.
 //!
-//! Memory the application may unmap at any moment (raw regions, copied with kernel checks) is
+//! Memory the application may unmap at any moment (raw regions, copied with checked copies) is
 //! never lent where it lies: the checksum would have to read it unprotected. It is *staged*
 //! instead (`Lent::staged`): one checked copy moves as much of a message as the
 //! transport is about to send (up to [`STAGE_MAX`] bytes) into a buffer of the engine's, which

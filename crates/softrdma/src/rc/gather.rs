@@ -226,9 +226,10 @@ impl Gather {
             }
             Some(l) => l,
             None => {
-                let lent = match in_place {
-                    true => mem.lend(actx, key, iova, len as u64, access)?,
-                    false => None,
+                let lent = if in_place {
+                    mem.lend(actx, key, iova, len as u64, access)?
+                } else {
+                    None
                 };
                 match lent {
                     Some(l) => l,
