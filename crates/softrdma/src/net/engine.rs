@@ -394,6 +394,9 @@ pub struct Engine {
     tx_pending: Mutex<VecDeque<Arc<QpCell>>>,
     /// `tx_pending`'s length (read without the lock).
     tx_pending_len: AtomicUsize,
+    /// Posts were left for a poll ([`Engine::post_done`]) and the engine thread looks at them
+    /// every DOORBELL_GRACE until the queue is empty: posters leaving more do not wake it.
+    doorbell_watch: AtomicBool,
     /// Regions invalidated, waiting for the engine thread to tear down their users.
     invalidated: Mutex<Vec<teardown::Gone>>,
     invalidations_pending: AtomicBool,
@@ -462,9 +465,15 @@ const ENGINE_SPIN: u64 = 50_000;
 /// of its loop again (ns).
 const ENGINE_SPIN_MAX: u64 = 2_000_000;
 
-/// Rounds in which the engine thread, woken for posts left for a poll, tries again a QP
-/// whose lock was taken.
+/// Rounds in which the engine thread, sending posts left for a poll, tries again a QP whose
+/// lock was taken.
 const DOORBELL_RETRIES: usize = 8;
+
+/// Posts left for a poll ([`Engine::post_done`]): the engine thread looks at them this often
+/// (ns), and sends them once no application thread has polled for this long. Waking it for
+/// every burst instead (tens of thousands of times a second on a machine whose cores two
+/// spinning processes already fill) cost a third of a 64 B message rate.
+const DOORBELL_GRACE: u64 = 60_000;
 
 /// After a scan of the QPs' timers, the next waits at least this long per QP of the device
 /// (ns).
@@ -535,6 +544,7 @@ impl Engine {
             timer_watch: AtomicU64::new(0),
             tx_pending: Mutex::new(VecDeque::new()),
             tx_pending_len: AtomicUsize::new(0),
+            doorbell_watch: AtomicBool::new(false),
             invalidated: Mutex::new(Vec::new()),
             invalidations_pending: AtomicBool::new(false),
             events: AsyncEvents::default(),

@@ -284,8 +284,16 @@ impl Engine {
             };
             let now = self.now();
             let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
+            // Posts left for a poll while a poller polls are its to send: this thread looks
+            // again after DOORBELL_GRACE, and sends them once pollers have been quiet that long.
+            let watching = self.doorbell_watch_on();
+            let leave_to_poller = watching && !self.quiet_for(now, DOORBELL_GRACE);
             // Answers left over from budgeted drives: look at the socket, do not sleep.
-            let wait = if self.has_pending_transmit() { 0 } else { wait };
+            let wait = if self.has_pending_transmit() && !leave_to_poller {
+                0
+            } else {
+                wait
+            };
             // In busy-poll mode pollers receive; the thread steps in only when nobody has
             // polled for a while, and otherwise sleeps instead of competing for packets.
             let watch_socket = match self.mode {
@@ -303,6 +311,11 @@ impl Engine {
                 (false, _) if nap => (SPINNER_GRACE << skips.min(5)).min(POLLER_ACTIVE),
                 (false, true) => ENGINE_RETRY,
                 (false, false) => IDLE,
+            };
+            let wait = match (watching, leave_to_poller) {
+                (true, true) => wait.min(DOORBELL_GRACE),
+                (true, false) => 0,
+                (false, _) => wait,
             };
             nap = false;
             // While this thread keeps the timers (it watches the socket), a timer armed
@@ -418,9 +431,12 @@ impl Engine {
                 // thread ran.
                 None => {
                     // Posts left for a poll (`post_done`) or answers left over: sent now if
-                    // no poller got to them first. A QP still locked (its poster is about
+                    // no poller got to them first (posts left for a poll: once pollers have
+                    // been quiet for DOORBELL_GRACE). A QP still locked (its poster is about
                     // to let go, or posts again) is tried again a few times.
-                    for _ in 0..DOORBELL_RETRIES {
+                    let serve = !self.doorbell_watch.load(Ordering::SeqCst)
+                        || self.quiet_for(self.now(), DOORBELL_GRACE);
+                    for _ in 0..if serve { DOORBELL_RETRIES } else { 0 } {
                         self.serve_pending_transmit();
                         if !self.has_pending_transmit() {
                             break;

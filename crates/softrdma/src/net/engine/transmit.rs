@@ -142,9 +142,11 @@ impl Engine {
     /// application that posts one request per call in a poll loop (perftest) so sends them
     /// several to a system call instead of one. The QP joins the pending-transmit queue, which
     /// every poll serves first. Returns true when the caller must kick the engine thread
-    /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread serves the
-    /// queue too when it gets to run first, so that an application that stops polling
-    /// (waiting on memory for the peer's answer) is not left waiting for its requests.
+    /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread then looks at
+    /// the queue every DOORBELL_GRACE until it is empty (posts meanwhile do not wake it
+    /// again), and sends what is left once no application thread has polled for that long,
+    /// so that an application that stops polling (waiting on memory for the peer's answer)
+    /// is not left waiting for its requests.
     #[must_use]
     pub fn post_done(
         &self,
@@ -162,13 +164,14 @@ impl Engine {
         {
             body.deferred += 1;
             self.counters.posts_deferred.fetch_add(1, Ordering::Relaxed);
-            if body.tx_queued {
-                return false;
+            if !body.tx_queued {
+                body.tx_queued = true;
+                let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
+                q.push_back(Arc::clone(cell));
+                self.tx_pending_len.fetch_add(1, Ordering::SeqCst);
             }
-            body.tx_queued = true;
-            let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
-            q.push_back(Arc::clone(cell));
-            return self.tx_pending_len.fetch_add(1, Ordering::Release) == 0;
+            // The engine thread already watches the queue, or is to be woken to watch it.
+            return !self.doorbell_watch.swap(true, Ordering::SeqCst);
         }
         self.drive(cell, body, now);
         false
@@ -197,6 +200,22 @@ impl Engine {
         if was_empty {
             self.kick_thread();
         }
+    }
+
+    /// The engine thread's look at posts left for a poll: true while they are waiting (it keeps
+    /// watching), false once the queue is empty (the next post left wakes it again).
+    pub(super) fn doorbell_watch_on(&self) -> bool {
+        if !self.doorbell_watch.load(Ordering::SeqCst) {
+            return false;
+        }
+        if self.tx_pending_len.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        self.doorbell_watch.store(false, Ordering::SeqCst);
+        // A post left between the look and the store saw the watch on and did not kick: take
+        // the watch back (if another post kicked meanwhile, the kick brings the thread back).
+        self.tx_pending_len.load(Ordering::SeqCst) > 0
+            && !self.doorbell_watch.swap(true, Ordering::SeqCst)
     }
 
     /// True when QPs wait in the pending-transmit queue.
