@@ -1546,3 +1546,55 @@ fn a_deferred_post_is_sent_when_the_poster_stops_polling() {
         "median wait {median:?}"
     );
 }
+
+/// Busy-poll mode: a poll that finds completions waiting returns them without a receive call
+/// (which would only delay them: perftest's latency tests poll two CQs per round, both
+/// completions arriving in one datagram); a poll that finds the CQ empty receives.
+#[test]
+fn a_poll_with_completions_waiting_does_not_receive_first() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let _spin = SPINNING.lock().unwrap_or_else(|e| e.into_inner());
+    let (a, b) = pair(24814, PollMode::BusyPoll);
+    let src = a.pd.reg_buffer(vec![5u8; 64], Access::LOCAL_WRITE).unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; 256], Access::LOCAL_WRITE)
+            .unwrap();
+    for i in 0..3u64 {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &[dst.sge(i * 64, 64)],
+        })
+        .unwrap();
+    }
+    let sge = [src.sge(0, 8)];
+    let send = |id: u64| SendWr::new(id, WrOpcode::Send).sg(&sge);
+    // Two SENDs posted together: one datagram, two receive completions.
+    a.qp.post_send_list(&[send(0), send(1)]).unwrap();
+    let mut wc = [softrdma::verbs::EMPTY_WC; 1];
+    let t = std::time::Instant::now();
+    while b.cq.poll(&mut wc) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no SEND arrived");
+    }
+    assert_eq!(wc[0].wr_id, 0);
+    // A third SEND waits on B's socket while B's CQ still holds the second completion.
+    a.qp.post_send(&send(2)).unwrap();
+    std::thread::sleep(Duration::from_micros(300));
+    let before = b.dev.counters().rx_datagrams.load(Relaxed);
+    assert_eq!(b.cq.poll(&mut wc), 1);
+    assert_eq!(wc[0].wr_id, 1);
+    assert_eq!(
+        b.dev.counters().rx_datagrams.load(Relaxed),
+        before,
+        "the poll received although a completion was waiting"
+    );
+    // The CQ is empty now: the next poll receives the third SEND.
+    let t = std::time::Instant::now();
+    while b.cq.poll(&mut wc) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the third SEND never arrived"
+        );
+    }
+    assert_eq!(wc[0].wr_id, 2);
+    assert!(b.dev.counters().rx_datagrams.load(Relaxed) > before);
+}

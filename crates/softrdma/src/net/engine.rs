@@ -395,7 +395,7 @@ pub struct Engine {
     /// `tx_pending`'s length (read without the lock).
     tx_pending_len: AtomicUsize,
     /// Posts were left for a poll ([`Engine::post_done`]) and the engine thread looks at them
-    /// every DOORBELL_GRACE until the queue is empty: posters leaving more do not wake it.
+    /// from time to time until the queue is empty: posters leaving more do not wake it.
     doorbell_watch: AtomicBool,
     /// Regions invalidated, waiting for the engine thread to tear down their users.
     invalidated: Mutex<Vec<teardown::Gone>>,
@@ -474,6 +474,11 @@ const DOORBELL_RETRIES: usize = 8;
 /// every burst instead (tens of thousands of times a second on a machine whose cores two
 /// spinning processes already fill) cost a third of a 64 B message rate.
 const DOORBELL_GRACE: u64 = 60_000;
+
+/// The longest nap between two looks at posts left for a poll while an active poller keeps
+/// sending them itself (ns): the most a poster that stops polling in the middle of a stream
+/// waits for them, beyond DOORBELL_GRACE.
+const DOORBELL_NAP_MAX: u64 = 480_000;
 
 /// After a scan of the QPs' timers, the next waits at least this long per QP of the device
 /// (ns).

@@ -73,16 +73,24 @@ impl Cq {
         self.core.id()
     }
 
-    /// Move up to `wc.len()` completions into `wc` (`ibv_poll_cq`). In busy-poll mode this
-    /// first receives and processes whatever packets are waiting; a poll of an armed CQ (the
-    /// last look before waiting for its event) does not make the thread a busy poller, so the
-    /// engine thread keeps the receive path while it sleeps.
+    /// Move up to `wc.len()` completions into `wc` (`ibv_poll_cq`). In busy-poll mode a poll
+    /// that finds the CQ empty first receives and processes whatever packets are waiting (one
+    /// that finds completions returns them at once: receiving first would cost a system call
+    /// on the way to each); a poll of an armed CQ (the last look before waiting for its
+    /// event) does not make the thread a busy poller, so the engine thread keeps the receive
+    /// path while it sleeps.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
-        if self.device.engine().mode() == PollMode::BusyPoll {
-            self.device
-                .engine()
-                .progress_as(false, !self.core.is_armed());
+        if self.device.engine().mode() != PollMode::BusyPoll {
+            return self.core.poll(wc);
         }
+        let engine = self.device.engine();
+        let active = !self.core.is_armed();
+        let n = self.core.poll(wc);
+        if n > 0 {
+            engine.polled(active);
+            return n;
+        }
+        engine.progress_as(false, active);
         self.core.poll(wc)
     }
 

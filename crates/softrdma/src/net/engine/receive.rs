@@ -14,17 +14,7 @@ impl Engine {
     /// (busy-poll mode), one that is about to sleep until a completion event (its CQ is armed)
     /// does not.
     pub fn progress_as(&self, timers: bool, active: bool) -> usize {
-        // The poller counts as active even when it finds the receive path taken: otherwise an
-        // engine thread that stepped in while pollers were quiet would keep it (and compete
-        // with spinning pollers for the cores) for as long as they keep finding it taken.
-        let now = self.now();
-        if active {
-            self.poller_active(now);
-            self.last_progress.store(now, Ordering::Relaxed);
-        }
-        if self.has_pending_transmit() {
-            self.serve_pending_transmit();
-        }
+        let now = self.polled_at(active);
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
@@ -43,6 +33,30 @@ impl Engine {
             self.run_timers();
         }
         done
+    }
+
+    /// A poll that found completions waiting (busy-poll mode): it takes them without a
+    /// receive (a system call that would only delay them; the next poll that finds the CQ
+    /// empty receives), but counts as a poll all the same: an `active` poller keeps the engine
+    /// thread off the receive path, and posts left for a poll are sent.
+    pub fn polled(&self, active: bool) {
+        self.polled_at(active);
+    }
+
+    /// What every poll does before it receives ([`Engine::polled`]); returns the clock read.
+    fn polled_at(&self, active: bool) -> u64 {
+        // The poller counts as active even when it finds the receive path taken: otherwise an
+        // engine thread that stepped in while pollers were quiet would keep it (and compete
+        // with spinning pollers for the cores) for as long as they keep finding it taken.
+        let now = self.now();
+        if active {
+            self.poller_active(now);
+            self.last_progress.store(now, Ordering::Relaxed);
+        }
+        if self.has_pending_transmit() {
+            self.serve_pending_transmit();
+        }
+        now
     }
 
     /// Receive and handle up to a few batches of datagrams. Plain acknowledgements are held

@@ -268,6 +268,10 @@ impl Engine {
         // The last wake-up for the socket found a poller polling: the next wait leaves the
         // socket alone for SPINNER_GRACE (it stays readable until the poller takes it).
         let mut nap = false;
+        // Posts left for a poll (`post_done`): their count at the last look, and the looks in a
+        // row that left them to an active poller.
+        let mut doorbells_seen = 0u64;
+        let mut doorbell_naps = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             self.tear_down_users();
             // The scan of every QP's timers runs only once the earliest deadline is due (drives
@@ -285,9 +289,17 @@ impl Engine {
             let now = self.now();
             let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
             // Posts left for a poll while a poller polls are its to send: this thread looks
-            // again after DOORBELL_GRACE, and sends them once pollers have been quiet that long.
-            let watching = self.doorbell_watch_on();
+            // again after a nap (DOORBELL_GRACE, doubled at each look that found the poller
+            // still sending them, up to DOORBELL_NAP_MAX), and sends them once pollers have
+            // been quiet for DOORBELL_GRACE.
+            let watching = self.doorbell_watch_on(&mut doorbells_seen);
             let leave_to_poller = watching && !self.quiet_for(now, DOORBELL_GRACE);
+            let doorbell_nap = (DOORBELL_GRACE << doorbell_naps).min(DOORBELL_NAP_MAX);
+            doorbell_naps = if leave_to_poller {
+                (doorbell_naps + 1).min(8)
+            } else {
+                0
+            };
             // Answers left over from budgeted drives: look at the socket, do not sleep.
             let wait = if self.has_pending_transmit() && !leave_to_poller {
                 0
@@ -313,7 +325,7 @@ impl Engine {
                 (false, false) => IDLE,
             };
             let wait = match (watching, leave_to_poller) {
-                (true, true) => wait.min(DOORBELL_GRACE),
+                (true, true) => wait.min(doorbell_nap),
                 (true, false) => 0,
                 (false, _) => wait,
             };

@@ -143,8 +143,10 @@ impl Engine {
     /// several to a system call instead of one. The QP joins the pending-transmit queue, which
     /// every poll serves first. Returns true when the caller must kick the engine thread
     /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread then looks at
-    /// the queue every DOORBELL_GRACE until it is empty (posts meanwhile do not wake it
-    /// again), and sends what is left once no application thread has polled for that long,
+    /// the queue every DOORBELL_GRACE (doubling up to DOORBELL_NAP_MAX while posts keep being
+    /// left and polled) until it is empty and no post was left since (posts meanwhile do not
+    /// wake it again), and sends what is left once no application thread has polled for
+    /// DOORBELL_GRACE,
     /// so that an application that stops polling (waiting on memory for the peer's answer)
     /// is not left waiting for its requests.
     #[must_use]
@@ -202,13 +204,17 @@ impl Engine {
         }
     }
 
-    /// The engine thread's look at posts left for a poll: true while they are waiting (it keeps
-    /// watching), false once the queue is empty (the next post left wakes it again).
-    pub(super) fn doorbell_watch_on(&self) -> bool {
+    /// The engine thread's look at posts left for a poll: true while they are waiting or were
+    /// left since its last look (`seen`: the count of posts left then; it keeps watching),
+    /// false once the queue is empty and no post was left since (the next post left wakes it
+    /// again). A queue the poller keeps emptying is watched without a kick per burst.
+    pub(super) fn doorbell_watch_on(&self, seen: &mut u64) -> bool {
         if !self.doorbell_watch.load(Ordering::SeqCst) {
             return false;
         }
-        if self.tx_pending_len.load(Ordering::SeqCst) > 0 {
+        let left = self.counters.posts_deferred.load(Ordering::Relaxed);
+        if self.tx_pending_len.load(Ordering::SeqCst) > 0 || left != *seen {
+            *seen = left;
             return true;
         }
         self.doorbell_watch.store(false, Ordering::SeqCst);
