@@ -81,11 +81,15 @@ impl Engine {
             // A transmit poll that cannot produce anything costs as much as one that does
             // (it runs cold, after the kernel's receive path, on a latency's critical path).
             // Answers first, up to the budget; requests are bounded by the send window.
-            let answer = answers < RESPONSE_BUDGET && qp.has_response_work();
+            // A lone acknowledgement held back is no answer to build (a transmit poll that
+            // holds it produces nothing: 80 ns on each side of a ping-pong whose every SEND
+            // asks for an ACK, twice a round).
+            let answer = answers < RESPONSE_BUDGET
+                && qp.has_response_work()
+                && !(hold_ack && qp.holds_ack());
             if !answer && !qp.has_request_work() {
                 break;
             }
-            let answer = answer && !(hold_ack && qp.holds_ack());
             let to = match dst {
                 Some(d) => d,
                 None => match qp.next_datagram_dest() {
