@@ -122,7 +122,7 @@ unsafe fn ah_attr_from(wc: *const ibv_wc, grh: *const c_void) -> Result<ibv_ah_a
     let mut g = [0u8; GRH_LEN];
     // SAFETY: `grh` points to GRH_LEN readable bytes per the contract; `g` is ours.
     unsafe { core::ptr::copy_nonoverlapping(grh.cast::<u8>(), g.as_mut_ptr(), GRH_LEN) };
-    let (src, _dst) = softrdma::rc::unreliable::grh_source(&g).ok_or(libc::EINVAL)?;
+    let (src, _dst) = softrdma::verbs::grh_source(&g).ok_or(libc::EINVAL)?;
     let (hop_limit, traffic_class) = if g[20] >> 4 == 4 {
         (g[28], g[21])
     } else {

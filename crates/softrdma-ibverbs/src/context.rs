@@ -22,8 +22,8 @@ use core::ffi::c_int;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
-use softrdma::mem::PinMode;
 use softrdma::verbs;
+use softrdma::verbs::PinMode;
 
 use crate::abi::{
     CompatSlot, VERBS_CONTEXT_OPS, ibv_async_event, ibv_context, ibv_context_ops, verbs_context,

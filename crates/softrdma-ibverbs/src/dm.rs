@@ -14,8 +14,8 @@ use core::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use softrdma::mem::{Access, MemSource};
 use softrdma::verbs;
+use softrdma::verbs::{Access, MemSource};
 
 use crate::abi::*;
 use crate::context::{Shared, shared_of};

@@ -11,7 +11,7 @@
 use core::ffi::{c_int, c_void};
 use core::mem::offset_of;
 
-use softrdma::mem::MemConfig;
+use softrdma::verbs::MemConfig;
 
 use crate::abi::*;
 use crate::context::{CONTEXT_OFFSET, Context};
@@ -242,7 +242,7 @@ pub unsafe extern "C" fn advise_mr(
             _ => return Err(libc::EINVAL),
         };
         let mem = p.shared.verbs()?.mem().clone();
-        let ctx = softrdma::mem::AccessCtx {
+        let ctx = softrdma::verbs::AccessCtx {
             pd: p.vpd.handle(),
             qpn: 0,
         };
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn advise_mr(
             let s = unsafe { sg_list.add(i).read() };
             mem.prefetch(ctx, s.lkey, s.addr, u64::from(s.length), write)
                 .map_err(|e| match e {
-                    softrdma::mem::AccessError::Fault(_) => libc::EFAULT,
+                    softrdma::verbs::AccessError::Fault(_) => libc::EFAULT,
                     _ => libc::EINVAL,
                 })?;
         }

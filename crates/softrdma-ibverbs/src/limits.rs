@@ -13,8 +13,8 @@ pub const VENDOR_PART_ID: u32 = 0x5352;
 pub const HW_VER: u32 = 1;
 pub const MAX_QP: i32 = 1 << 14;
 pub const MAX_QP_WR: i32 = 1 << 14;
-/// The engine's limit (`softrdma::rc::MAX_SGE`).
-pub const MAX_SGE: i32 = softrdma::rc::MAX_SGE as i32;
+/// The engine's limit (`softrdma::verbs::MAX_SGE`).
+pub const MAX_SGE: i32 = softrdma::verbs::MAX_SGE as i32;
 pub const MAX_CQ: i32 = 1 << 14;
 /// The engine's limit (`softrdma::verbs::MAX_CQE`, 2^20); libfabric's verbs provider asks for
 /// 2^18 entries.
@@ -24,8 +24,8 @@ pub const MAX_MR: i32 = (1 << 16) - 1;
 pub const MAX_MW: i32 = (1 << 16) - 1;
 /// `MemConfig::max_pds`.
 pub const MAX_PD: i32 = 1 << 12;
-/// The engine's limit (`softrdma::rc::qp_state::MAX_RD_ATOMIC`).
-pub const MAX_QP_RD_ATOM: i32 = 16;
+/// The engine's limit (`softrdma::verbs::MAX_RD_ATOMIC`).
+pub const MAX_QP_RD_ATOM: i32 = softrdma::verbs::MAX_RD_ATOMIC as i32;
 pub const MAX_RES_RD_ATOM: i32 = MAX_QP * MAX_QP_RD_ATOM;
 pub const MAX_AH: i32 = 1 << 16;
 pub const MAX_SRQ: i32 = 1 << 12;

@@ -8,8 +8,8 @@
 use core::ffi::c_int;
 use std::sync::Arc;
 
-use softrdma::mem::{Access, MwType};
 use softrdma::verbs;
+use softrdma::verbs::{Access, MwType};
 
 use crate::abi::*;
 use crate::context::Shared;

@@ -13,8 +13,8 @@
 
 use core::ffi::c_int;
 
-use softrdma::mem::Access;
-use softrdma::rc::MAX_SGE;
+use softrdma::verbs::Access;
+use softrdma::verbs::MAX_SGE;
 use softrdma::verbs::{PostBatch, RecvWr, SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;

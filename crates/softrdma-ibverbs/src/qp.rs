@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
-use softrdma::mem::Access;
+use softrdma::verbs::Access;
 use softrdma::verbs::{self, Mtu, QpAttr, QpAttrMask, QpCap, QpState};
 
 use crate::abi::*;

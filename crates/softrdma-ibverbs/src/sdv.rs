@@ -11,8 +11,8 @@
 use core::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 
-use softrdma::mem::{InvalidationCause, MemSource, RegionState, RemapPolicy};
 use softrdma::verbs::VerbsError;
+use softrdma::verbs::{InvalidationCause, MemSource, RegionState, RemapPolicy};
 
 use crate::abi::*;
 use crate::context::shared_of;

@@ -1,7 +1,7 @@
 //! `SOFTRDMA_STATS`: a device's datapath counters, written when the process stops using it.
 //!
 //! With `SOFTRDMA_STATS` set, each device engine this process opened reports its counters
-//! (`softrdma::net::EngineCounters`) in one line when its last context closes, or at process
+//! (`softrdma::verbs::EngineCounters`) in one line when its last context closes, or at process
 //! exit for an engine still open (MPI ranks and many benchmarks never close their devices):
 //!
 //! ```text

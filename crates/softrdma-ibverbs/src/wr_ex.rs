@@ -16,7 +16,7 @@
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 
-use softrdma::mem::Access;
+use softrdma::verbs::Access;
 use softrdma::verbs::{SendFlags, SendWr, Sge, UdDest, WrOpcode};
 
 use crate::abi::*;
@@ -24,7 +24,7 @@ use crate::ah::Ah;
 use crate::errno::guard;
 use crate::mw::Mw;
 use crate::qp::Qp;
-use softrdma::rc::MAX_SGE;
+use softrdma::verbs::MAX_SGE;
 
 /// One work request being built.
 #[derive(Debug)]

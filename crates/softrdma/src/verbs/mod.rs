@@ -41,11 +41,13 @@ pub use qp::{Ah, PostBatch, Qp, QpInitAttr, random_psn};
 pub use srq::Srq;
 
 pub use crate::mem::{
-    Access, InvalidationCause, MemSource, MwType, PageSize, PinMode, RawCopy, RemapPolicy,
-    WatchMode,
+    Access, AccessCtx, AccessError, InvalidationCause, MemConfig, MemSource, MwType, PageSize,
+    PinMode, RawCopy, RegionState, RemapPolicy, WatchMode,
 };
-pub use crate::net::{AsyncEvent, AsyncEventHook, PollMode};
+pub use crate::net::{AsyncEvent, AsyncEventHook, EngineCounters, PollMode};
+pub use crate::rc::qp_state::MAX_RD_ATOMIC;
+pub use crate::rc::unreliable::grh_source;
 pub use crate::rc::{
-    GRH_LEN, Mtu, NetworkHdr, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags,
-    SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    GRH_LEN, MAX_SGE, Mtu, NetworkHdr, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
+    SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
