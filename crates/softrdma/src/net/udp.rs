@@ -662,16 +662,16 @@ mod tests {
             let r = tx.push_packet_gather(dst, 1100, g, |buf, g| {
                 buf[..4].fill(tag as u8);
                 let ahead = end - at - 1000;
-                let ok = g.lend(
-                    &mem,
+                let piece = crate::rc::gather::Piece {
                     tag,
-                    ctx,
-                    mr.lkey,
-                    mr.iova + at,
-                    1000,
+                    actx: ctx,
+                    key: mr.lkey,
+                    iova: mr.iova + at,
+                    len: 1000,
                     ahead,
-                    Access::NONE,
-                );
+                    access: Access::NONE,
+                };
+                let ok = g.lend(&mem, piece);
                 assert_eq!(ok, Ok(true));
                 if fail {
                     g.clear();
@@ -744,13 +744,15 @@ mod tests {
             let ahead = 5000 - (k + 1) * 1000;
             let r = g.lend(
                 &mem,
-                7,
-                ctx,
-                mr.lkey,
-                mr.iova + k * 1000,
-                1000,
-                ahead,
-                Access::NONE,
+                crate::rc::gather::Piece {
+                    tag: 7,
+                    actx: ctx,
+                    key: mr.lkey,
+                    iova: mr.iova + k * 1000,
+                    len: 1000,
+                    ahead,
+                    access: Access::NONE,
+                },
             );
             assert_eq!(r, Ok(true), "packet {k}");
             assert_eq!(g.lent_bytes(), 1000);
@@ -760,13 +762,15 @@ mod tests {
         assert_eq!(mem.lends.get(), 6);
         let r = g.lend(
             &mem,
-            7,
-            ctx,
-            mr.lkey,
-            mr.iova + 3000,
-            1000,
-            1000,
-            Access::NONE,
+            crate::rc::gather::Piece {
+                tag: 7,
+                actx: ctx,
+                key: mr.lkey,
+                iova: mr.iova + 3000,
+                len: 1000,
+                ahead: 1000,
+                access: Access::NONE,
+            },
         );
         // The piece itself lies outside the region: the error of a lend of it.
         let want = AccessError::OutOfBounds {

@@ -61,6 +61,20 @@ pub struct Gather {
     anchor: Option<Anchor>,
 }
 
+/// One piece of a payload to lend ([`Gather::lend`]): `len` bytes at `iova` under `key`
+/// (checked for `access` in the PD and QP of `actx`), part of message `tag`, with `ahead`
+/// more bytes of the same scatter/gather entry that the message's later packets will want.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Piece {
+    pub(crate) tag: u64,
+    pub(crate) actx: AccessCtx,
+    pub(crate) key: u32,
+    pub(crate) iova: u64,
+    pub(crate) len: usize,
+    pub(crate) ahead: u64,
+    pub(crate) access: Access,
+}
+
 impl Gather {
     /// An empty gather with room for `pieces` pieces per packet.
     pub fn with_capacity(pieces: usize) -> Gather {
@@ -157,23 +171,21 @@ impl Gather {
         }
     }
 
-    /// Lend `len` bytes at `iova` under `key` for `access` as the next piece of message
-    /// `tag`'s payload, with `ahead` more bytes of the same entry that its later packets will
-    /// want (lent now too when they can be). `Ok(false)`: the bytes must be copied (memory
-    /// that is not lent), nothing was added. Errors are those of [`MemoryAccess::lend`] for
-    /// the piece itself.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn lend(
-        &mut self,
-        mem: &dyn MemoryAccess,
-        tag: u64,
-        actx: AccessCtx,
-        key: u32,
-        iova: u64,
-        len: usize,
-        ahead: u64,
-        access: Access,
-    ) -> Result<bool, AccessError> {
+    /// Lend `p.len` bytes at `p.iova` under `p.key` for `p.access` as the next piece of
+    /// message `p.tag`'s payload, with `p.ahead` more bytes of the same entry that its later
+    /// packets will want (lent now too when they can be). `Ok(false)`: the bytes must be
+    /// copied (memory that is not lent), nothing was added. Errors are those of
+    /// [`MemoryAccess::lend`] for the piece itself.
+    pub(crate) fn lend(&mut self, mem: &dyn MemoryAccess, p: Piece) -> Result<bool, AccessError> {
+        let Piece {
+            tag,
+            actx,
+            key,
+            iova,
+            len,
+            ahead,
+            access,
+        } = p;
         if let Some(a) = &self.anchor
             && a.epoch == self.epoch
             && a.tag == tag

@@ -554,12 +554,14 @@ impl Qp {
                 pkt,
                 info.kind,
                 info.position,
-                actx,
-                mem,
-                srq,
-                &mut self.recv_cq,
-                cap,
-                &mut self.counters.resp,
+                super::responder::RespEnv {
+                    actx,
+                    mem,
+                    srq,
+                    cq: &mut self.recv_cq,
+                    cq_cap: cap,
+                    counters: &mut self.counters.resp,
+                },
             );
             if out == RespOutcome::Fatal {
                 self.enter_error();
@@ -736,9 +738,17 @@ impl Qp {
             return None;
         }
         let sqd = self.state == QpState::Sqd;
-        let out = self
-            .send
-            .poll_request(now, sqd, actx, mem, &icrc, buf, gather);
+        let out = self.send.poll_request(
+            now,
+            sqd,
+            super::requester::ReqEnv {
+                actx,
+                mem,
+                icrc: &icrc,
+                buf,
+                gather,
+            },
+        );
         self.retire();
         match out {
             ReqOutput::Packet(n) => {

@@ -7,7 +7,7 @@
 //! fences, and local operations (LOCAL_INV, BIND_MW) executed in queue order.
 
 use super::ACK_REQ_EVERY;
-use super::gather::Gather;
+use super::gather::{Gather, Piece};
 use super::sq::{SendSide, SendWqe};
 use super::wr::{SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, Invalidator, MemoryAccess};
@@ -44,17 +44,14 @@ impl SendSide {
     /// Produce the next request packet into `buf`, or execute local WQEs. `sqd` stops new
     /// WQEs from starting (send queue drain). With `gather`, payloads may be lent (see
     /// [`Gather`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn poll_request(
-        &mut self,
-        now: u64,
-        sqd: bool,
-        actx: AccessCtx,
-        mem: &dyn MemoryAccess,
-        icrc: &IcrcPrefix,
-        buf: &mut [u8],
-        mut gather: Option<&mut Gather>,
-    ) -> ReqOutput {
+    pub fn poll_request(&mut self, now: u64, sqd: bool, env: ReqEnv<'_>) -> ReqOutput {
+        let ReqEnv {
+            actx,
+            mem,
+            icrc,
+            buf,
+            mut gather,
+        } = env;
         if self.rnr_deadline.is_some() || self.halted {
             return ReqOutput::Idle;
         }
@@ -114,22 +111,24 @@ impl SendSide {
                 let room = u64::try_from(window - ahead).unwrap_or(1);
                 g.set_stage_room(room.saturating_mul(u64::from(self.mtu)));
             }
-            match build_request(
-                w,
+            let at = PacketAt {
                 seq,
-                self.req_pkt,
-                u32::MAX,
+                idx: self.req_pkt,
+                limit: u32::MAX,
                 psn,
-                self.dest_qpn,
-                self.mtu,
+                dest_qpn: self.dest_qpn,
+                mtu: self.mtu,
                 force_ack,
                 end_ack,
+            };
+            let env = ReqEnv {
                 actx,
                 mem,
                 icrc,
                 buf,
                 gather,
-            ) {
+            };
+            match build_request(w, at, env) {
                 Ok((n, ack_req, consumed)) => {
                     self.noack = if ack_req { 0 } else { self.noack + 1 };
                     self.req_pkt += consumed;
@@ -297,22 +296,24 @@ impl SendSide {
             let idx = r.psn.diff(w.first_psn) as u32;
             let want = r.npkts.min(w.npkts - idx);
             let psn = r.psn;
-            if let Ok((n, _, _)) = build_request(
-                w,
-                r.seq,
+            let at = PacketAt {
+                seq: r.seq,
                 idx,
-                want,
+                limit: want,
                 psn,
-                self.dest_qpn,
-                self.mtu,
-                true,
-                true,
+                dest_qpn: self.dest_qpn,
+                mtu: self.mtu,
+                force_ack: true,
+                end_ack: true,
+            };
+            let env = ReqEnv {
                 actx,
                 mem,
                 icrc,
                 buf,
-                None,
-            ) {
+                gather: None,
+            };
+            if let Ok((n, _, _)) = build_request(w, at, env) {
                 if self.retrans_deadline.is_none() {
                     self.retrans_deadline = self.timeout_ns.map(|t| now + t);
                 }
@@ -394,15 +395,12 @@ pub(super) fn check_local(
     Ok(())
 }
 
-/// Build packet `idx` of `w` at `psn` (a READ request asks for at most `limit` response
-/// PSNs); AckReq is set on it with `force_ack`, on the message's last packet with
-/// `end_ack`, and on every READ/atomic request. Returns (length in `buf`, AckReq set, PSNs
-/// consumed). With `gather`, a payload of
-/// at least [`LEND_MIN`] bytes from memory that can be lent is not copied: it goes to
-/// `gather` (see [`Gather`]).
-#[allow(clippy::too_many_arguments)]
-fn build_request(
-    w: &SendWqe,
+/// Which packet of a WQE [`build_request`] builds: packet `idx` of the WQE at SQ sequence
+/// number `seq`, at `psn` (a READ request asks for at most `limit` response PSNs), for the
+/// peer's QP `dest_qpn` at path MTU `mtu`; AckReq is set with `force_ack`, and on the
+/// message's last packet with `end_ack`.
+#[derive(Clone, Copy, Debug)]
+struct PacketAt {
     seq: u64,
     idx: u32,
     limit: u32,
@@ -411,12 +409,62 @@ fn build_request(
     mtu: u32,
     force_ack: bool,
     end_ack: bool,
-    actx: AccessCtx,
-    mem: &dyn MemoryAccess,
-    icrc: &IcrcPrefix,
-    buf: &mut [u8],
-    mut gather: Option<&mut Gather>,
+}
+
+/// What a request packet is built with ([`SendSide::poll_request`]): the QP's access context
+/// and the memory payloads come from, the ICRC prefix of the path, the buffer the packet is
+/// built in, and, when payloads may be lent instead of copied, the gather they go to.
+pub struct ReqEnv<'a> {
+    /// The QP's PD and number, as every access names them.
+    pub actx: AccessCtx,
+    /// The memory payloads are read from.
+    pub mem: &'a dyn MemoryAccess,
+    /// The ICRC prefix of the QP's path.
+    pub icrc: &'a IcrcPrefix,
+    /// The buffer the packet is built in.
+    pub buf: &'a mut [u8],
+    /// Where lent payloads go (see [`Gather`]); `None` copies every payload.
+    pub gather: Option<&'a mut Gather>,
+}
+
+impl std::fmt::Debug for ReqEnv<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReqEnv")
+            .field("actx", &self.actx)
+            .field("buf_len", &self.buf.len())
+            .field("gather", &self.gather.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Build packet `idx` of `w` at `psn` (a READ request asks for at most `limit` response
+/// PSNs); AckReq is set on it with `force_ack`, on the message's last packet with
+/// `end_ack`, and on every READ/atomic request. Returns (length in `buf`, AckReq set, PSNs
+/// consumed). With `gather`, a payload of
+/// at least [`LEND_MIN`] bytes from memory that can be lent is not copied: it goes to
+/// `gather` (see [`Gather`]).
+fn build_request(
+    w: &SendWqe,
+    at: PacketAt,
+    env: ReqEnv<'_>,
 ) -> Result<(usize, bool, u32), LocalErr> {
+    let PacketAt {
+        seq,
+        idx,
+        limit,
+        psn,
+        dest_qpn,
+        mtu,
+        force_ack,
+        end_ack,
+    } = at;
+    let ReqEnv {
+        actx,
+        mem,
+        icrc,
+        buf,
+        mut gather,
+    } = env;
     let off = u64::from(idx) * u64::from(mtu);
     let pos = position(idx, w.npkts);
     // The bulk of a large message: a middle packet (BTH only, AckReq only when forced), its
@@ -655,7 +703,18 @@ fn build_middle_lent(
     let ahead = u64::from(sge.length) - end;
     let addr = sge.addr.wrapping_add(at.off);
     let lent = g
-        .lend(mem, at.seq, actx, sge.lkey, addr, plen, ahead, Access::NONE)
+        .lend(
+            mem,
+            Piece {
+                tag: at.seq,
+                actx,
+                key: sge.lkey,
+                iova: addr,
+                len: plen,
+                ahead,
+                access: Access::NONE,
+            },
+        )
         .map_err(local_err)?;
     if !lent {
         return Ok(MiddleLent::NotLent);
@@ -710,7 +769,16 @@ fn lend_payload(
         }
         let ahead = u64::from(sge.length) - soff - n as u64;
         let addr = sge.addr.wrapping_add(soff);
-        if !g.lend(mem, seq, actx, sge.lkey, addr, n, ahead, Access::NONE)? {
+        let piece = Piece {
+            tag: seq,
+            actx,
+            key: sge.lkey,
+            iova: addr,
+            len: n,
+            ahead,
+            access: Access::NONE,
+        };
+        if !g.lend(mem, piece)? {
             copy = true;
         }
         Ok(())

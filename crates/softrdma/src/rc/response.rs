@@ -88,7 +88,16 @@ impl RecvSide {
                         let tag = READ_RESPONSE_TAG | u64::from(msn);
                         let access = Access::REMOTE_READ;
                         g.set_stage_room(crate::mem::STAGE_MAX as u64);
-                        match g.lend(mem, tag, actx, rkey, va, plen as usize, ahead, access) {
+                        let piece = super::gather::Piece {
+                            tag,
+                            actx,
+                            key: rkey,
+                            iova: va,
+                            len: plen as usize,
+                            ahead,
+                            access,
+                        };
+                        match g.lend(mem, piece) {
                             Ok(true) => Some(emit_lent(&h, plen as usize, icrc, buf, g)),
                             Ok(false) => None,
                             Err(e) => {
