@@ -691,7 +691,7 @@ impl World {
         if type2 {
             let nk = (mw & !0xff) | u32::from(tag);
             let want = self.bind_model(ctx, mw, mr, iova, len, access, Some(nk));
-            let r = self.mem.bind_mw(ctx, mw, nk, mr, iova, len, Access(access));
+            let r = self.mem.bind_mw(ctx, softrdma::mem::MwBind { mw_key: mw, new_rkey: nk, mr_lkey: mr, iova, len, access: Access(access) });
             assert!(
                 same(&r, &want),
                 "bind type 2 {mw:#x} on {mr:#x} [{iova:#x}+{len}] {access:#x} {ctx:?}: got {r:?}, model {want:?}"

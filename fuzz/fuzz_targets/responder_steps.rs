@@ -263,17 +263,8 @@ impl MemoryAccess for Spy<'_> {
     fn invalidate(&self, c: AccessCtx, k: u32, by: Invalidator) -> Result<(), AccessError> {
         self.mem.invalidate(c, k, by)
     }
-    fn bind_mw(
-        &self,
-        c: AccessCtx,
-        mw: u32,
-        nk: u32,
-        mr: u32,
-        i: u64,
-        l: u64,
-        a: Access,
-    ) -> Result<(), AccessError> {
-        self.mem.bind_mw(c, mw, nk, mr, i, l, a)
+    fn bind_mw(&self, c: AccessCtx, b: softrdma::mem::MwBind) -> Result<(), AccessError> {
+        self.mem.bind_mw(c, b)
     }
 }
 
@@ -359,7 +350,7 @@ impl World {
                     .unwrap(),
                 MwType::Type2 => {
                     let nk = (mw & !0xff) | (mw.wrapping_add(1) & 0xff);
-                    mem.bind_mw(actx, mw, nk, p.key, p.iova + woff, wlen, rights)
+                    mem.bind_mw(actx, softrdma::mem::MwBind { mw_key: mw, new_rkey: nk, mr_lkey: p.key, iova: p.iova + woff, len: wlen, access: rights })
                         .unwrap();
                     nk
                 }
@@ -946,7 +937,7 @@ impl World {
                     && m.key != 0
                     && self
                         .mem
-                        .bind_mw(actx, m.key, nk, p.key, m.iova, m.len, m.rights)
+                        .bind_mw(actx, softrdma::mem::MwBind { mw_key: m.key, new_rkey: nk, mr_lkey: p.key, iova: m.iova, len: m.len, access: m.rights })
                         .is_ok()
                 {
                     self.keys[7].key = nk;

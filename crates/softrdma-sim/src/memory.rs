@@ -374,16 +374,15 @@ impl MemoryAccess for SimMemory {
         Ok(())
     }
 
-    fn bind_mw(
-        &self,
-        ctx: AccessCtx,
-        mw_key: u32,
-        new_rkey: u32,
-        mr_lkey: u32,
-        iova: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), AccessError> {
+    fn bind_mw(&self, ctx: AccessCtx, b: softrdma::mem::MwBind) -> Result<(), AccessError> {
+        let softrdma::mem::MwBind {
+            mw_key,
+            new_rkey,
+            mr_lkey,
+            iova,
+            len,
+            access,
+        } = b;
         let mut i = self.inner.borrow_mut();
         let mr = i
             .regions

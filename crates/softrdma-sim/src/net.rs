@@ -189,18 +189,18 @@ impl Network {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Put copy `id` of a packet (`bytes`, flipping one bit when `corrupted` is set) in flight
+    /// from `r.src` to `r.dst`, arriving at `at`; `late` marks a reordered or duplicated copy.
     fn enqueue(
         &mut self,
         at: u64,
-        src: usize,
-        dst: usize,
-        icrc: IcrcContext,
+        r: Route,
         bytes: &[u8],
         corrupted: Option<bool>,
         id: u64,
         late: bool,
     ) {
+        let Route { src, dst, icrc } = r;
         let mut data = self.pool.pop().unwrap_or_default();
         data.clear();
         data.extend_from_slice(bytes);
@@ -283,12 +283,13 @@ impl Network {
             self.note(NetEvent::Corrupted(id));
         }
         let c = corrupt.then_some(false);
-        self.enqueue(at, src, dst, icrc, bytes, c, id, reordered);
+        let route = Route { src, dst, icrc };
+        self.enqueue(at, route, bytes, c, id, reordered);
         if self.rng.chance(f.duplicate) {
             self.stats.duplicated += 1;
             self.note(NetEvent::Duplicated(id));
             let later = at + 1 + self.rng.below(f.reorder_delay_ns.max(f.latency_ns).max(1));
-            self.enqueue(later, src, dst, icrc, bytes, None, id, true);
+            self.enqueue(later, route, bytes, None, id, true);
         }
         id
     }
@@ -325,4 +326,13 @@ impl Network {
     pub fn in_flight(&self) -> usize {
         self.heap.len()
     }
+}
+
+/// Where a packet goes in the simulated network: from node `src` to node `dst`, with the ICRC
+/// context of that path.
+#[derive(Clone, Copy, Debug)]
+struct Route {
+    src: usize,
+    dst: usize,
+    icrc: IcrcContext,
 }

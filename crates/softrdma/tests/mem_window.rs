@@ -269,11 +269,31 @@ fn type2_bound_to_one_qp_and_invalidated() {
     let inc = |k: u32| (k & !0xff) | ((k + 1) & 0xff);
     let r1 = inc(mw);
     assert_eq!(
-        t.bind_mw(q1, mw, 0x1234_5600 | (r1 & 0xff), mr.lkey, 0x10_000, 64, RW),
+        t.bind_mw(
+            q1,
+            softrdma::mem::MwBind {
+                mw_key: mw,
+                new_rkey: 0x1234_5600 | (r1 & 0xff),
+                mr_lkey: mr.lkey,
+                iova: 0x10_000,
+                len: 64,
+                access: RW
+            }
+        ),
         Err(AccessError::InvalidOperation(mw))
     );
-    t.bind_mw(q1, mw, r1, mr.lkey, 0x10_000, 64, RW | RR | RA)
-        .unwrap();
+    t.bind_mw(
+        q1,
+        softrdma::mem::MwBind {
+            mw_key: mw,
+            new_rkey: r1,
+            mr_lkey: mr.lkey,
+            iova: 0x10_000,
+            len: 64,
+            access: RW | RR | RA,
+        },
+    )
+    .unwrap();
     assert_eq!(
         t.check(q1, mw, 0x10_000, 1, RW),
         Err(AccessError::InvalidKey(mw))
@@ -307,7 +327,17 @@ fn type2_bound_to_one_qp_and_invalidated() {
     );
     // Bound windows cannot be bound again before invalidation.
     assert_eq!(
-        t.bind_mw(q1, r1, inc(r1), mr.lkey, 0x10_000, 8, RR),
+        t.bind_mw(
+            q1,
+            softrdma::mem::MwBind {
+                mw_key: r1,
+                new_rkey: inc(r1),
+                mr_lkey: mr.lkey,
+                iova: 0x10_000,
+                len: 8,
+                access: RR
+            }
+        ),
         Err(AccessError::InvalidOperation(r1))
     );
     assert!(matches!(
@@ -326,7 +356,18 @@ fn type2_bound_to_one_qp_and_invalidated() {
     );
     // Rebind, now on QP 22 with a new key; the old key is now simply invalid.
     let r2 = inc(r1);
-    t.bind_mw(q2, r1, r2, mr.lkey, 0x10_100, 8, RR).unwrap();
+    t.bind_mw(
+        q2,
+        softrdma::mem::MwBind {
+            mw_key: r1,
+            new_rkey: r2,
+            mr_lkey: mr.lkey,
+            iova: 0x10_100,
+            len: 8,
+            access: RR,
+        },
+    )
+    .unwrap();
     assert_eq!(
         t.check(q1, r1, 0x10_000, 1, RW),
         Err(AccessError::InvalidKey(r1))
@@ -368,19 +409,52 @@ fn type2_refused_on_unbound_or_foreign() {
     // Type 2 bind needs the window's PD.
     let pd2 = t.alloc_pd().unwrap();
     assert_eq!(
-        t.bind_mw(qp(pd2, 5), mw, mw ^ 1, mr.lkey, 0x10_000, 8, RR),
+        t.bind_mw(
+            qp(pd2, 5),
+            softrdma::mem::MwBind {
+                mw_key: mw,
+                new_rkey: mw ^ 1,
+                mr_lkey: mr.lkey,
+                iova: 0x10_000,
+                len: 8,
+                access: RR
+            }
+        ),
         Err(AccessError::WrongPd(mw))
     );
     // A type 1 window is bound by a work request (ibv_bind_mw) only with a key drawn for it
     // (`draw_type1_key`, its own slot); a key of another slot is refused.
     let t1 = t.alloc_mw(pd, MwType::Type1).unwrap();
     assert_eq!(
-        t.bind_mw(q, t1, mr.lkey, mr.lkey, 0x10_000, 8, RR),
+        t.bind_mw(
+            q,
+            softrdma::mem::MwBind {
+                mw_key: t1,
+                new_rkey: mr.lkey,
+                mr_lkey: mr.lkey,
+                iova: 0x10_000,
+                len: 8,
+                access: RR
+            }
+        ),
         Err(AccessError::InvalidOperation(t1))
     );
     let k = t.draw_type1_key(t1).unwrap();
     assert_ne!(k, t1);
-    assert_eq!(t.bind_mw(q, t1, k, mr.lkey, 0x10_000, 8, RR), Ok(()));
+    assert_eq!(
+        t.bind_mw(
+            q,
+            softrdma::mem::MwBind {
+                mw_key: t1,
+                new_rkey: k,
+                mr_lkey: mr.lkey,
+                iova: 0x10_000,
+                len: 8,
+                access: RR
+            }
+        ),
+        Ok(())
+    );
     assert!(t.check(q, k, 0x10_000, 8, RR).is_ok());
     assert_eq!(
         t.check(q, t1, 0x10_000, 1, RR),
@@ -388,18 +462,54 @@ fn type2_refused_on_unbound_or_foreign() {
     );
     // Rebound in place with the next key; a zero length unbinds.
     let k2 = t.draw_type1_key(k).unwrap();
-    assert_eq!(t.bind_mw(q, k, k2, mr.lkey, 0x10_008, 8, RR), Ok(()));
+    assert_eq!(
+        t.bind_mw(
+            q,
+            softrdma::mem::MwBind {
+                mw_key: k,
+                new_rkey: k2,
+                mr_lkey: mr.lkey,
+                iova: 0x10_008,
+                len: 8,
+                access: RR
+            }
+        ),
+        Ok(())
+    );
     assert_eq!(
         t.check(q, k, 0x10_000, 1, RR),
         Err(AccessError::InvalidKey(k))
     );
     let k3 = t.draw_type1_key(k2).unwrap();
-    assert_eq!(t.bind_mw(q, k2, k3, 0, 0, 0, RR), Ok(()));
+    assert_eq!(
+        t.bind_mw(
+            q,
+            softrdma::mem::MwBind {
+                mw_key: k2,
+                new_rkey: k3,
+                mr_lkey: 0,
+                iova: 0,
+                len: 0,
+                access: RR
+            }
+        ),
+        Ok(())
+    );
     assert!(t.check(q, k3, 0x10_008, 1, RR).is_err());
     assert_eq!(t.draw_type1_key(mw), Err(AccessError::InvalidOperation(mw)));
     // A region key cannot be bound as a window.
     assert_eq!(
-        t.bind_mw(q, mr.lkey, mr.lkey ^ 1, mr.lkey, 0x10_000, 8, RR),
+        t.bind_mw(
+            q,
+            softrdma::mem::MwBind {
+                mw_key: mr.lkey,
+                new_rkey: mr.lkey ^ 1,
+                mr_lkey: mr.lkey,
+                iova: 0x10_000,
+                len: 8,
+                access: RR
+            }
+        ),
         Err(AccessError::InvalidKey(mr.lkey))
     );
 }

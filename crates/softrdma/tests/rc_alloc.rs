@@ -124,16 +124,7 @@ impl MemoryAccess for Flat {
     fn invalidate(&self, _: AccessCtx, _: u32, _: Invalidator) -> Result<(), AccessError> {
         Ok(())
     }
-    fn bind_mw(
-        &self,
-        _: AccessCtx,
-        _: u32,
-        _: u32,
-        _: u32,
-        _: u64,
-        _: u64,
-        _: Access,
-    ) -> Result<(), AccessError> {
+    fn bind_mw(&self, _: AccessCtx, _: softrdma::mem::MwBind) -> Result<(), AccessError> {
         Ok(())
     }
 }

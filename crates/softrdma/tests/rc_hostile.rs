@@ -416,12 +416,7 @@ impl MemoryAccess for Sink {
     fn bind_mw(
         &self,
         _: AccessCtx,
-        _: u32,
-        _: u32,
-        _: u32,
-        _: u64,
-        _: u64,
-        _: Access,
+        _: softrdma::mem::MwBind,
     ) -> Result<(), softrdma::mem::AccessError> {
         Ok(())
     }

@@ -221,18 +221,27 @@ pub trait MemoryAccess {
     /// (LOCAL_INV) may also invalidate a region that no window is bound to.
     fn invalidate(&self, ctx: AccessCtx, key: u32, by: Invalidator) -> Result<(), AccessError>;
 
-    /// Bind the type 2 window whose current key is `mw_key` to `[iova, iova+len)` of the region
-    /// `mr_lkey`, with `access`, on QP `ctx.qpn`; afterwards its R_Key is `new_rkey`, which
-    /// differs from `mw_key` only in its low 8 bits (as `ibv_inc_rkey`).
-    #[allow(clippy::too_many_arguments)]
-    fn bind_mw(
-        &self,
-        ctx: AccessCtx,
-        mw_key: u32,
-        new_rkey: u32,
-        mr_lkey: u32,
-        iova: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), AccessError>;
+    /// Bind the type 2 window whose current key is `b.mw_key` to `[b.iova, b.iova+b.len)` of
+    /// the region `b.mr_lkey`, with `b.access`, on QP `ctx.qpn`; afterwards its R_Key is
+    /// `b.new_rkey`, which differs from `b.mw_key` only in its low 8 bits (as `ibv_inc_rkey`).
+    fn bind_mw(&self, ctx: AccessCtx, b: MwBind) -> Result<(), AccessError>;
+}
+
+/// A memory window bind ([`MemoryAccess::bind_mw`], a BIND_MW work request): the window whose
+/// current key is `mw_key` bound to `[iova, iova+len)` of the region `mr_lkey` with `access`
+/// (a zero length unbinds a type 1 window); afterwards its R_Key is `new_rkey`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MwBind {
+    /// The window's current key.
+    pub mw_key: u32,
+    /// The window's R_Key after the bind.
+    pub new_rkey: u32,
+    /// The region bound to.
+    pub mr_lkey: u32,
+    /// Start of the bound range (the region's address space).
+    pub iova: u64,
+    /// Length of the bound range.
+    pub len: u64,
+    /// The remote access the window grants.
+    pub access: Access,
 }

@@ -304,16 +304,7 @@ impl MemoryAccess for MemoryTable {
         self.invalidate_key(ctx, key, by)
     }
 
-    fn bind_mw(
-        &self,
-        ctx: AccessCtx,
-        mw_key: u32,
-        new_rkey: u32,
-        mr_lkey: u32,
-        iova: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), AccessError> {
-        self.bind_wr(ctx, mw_key, new_rkey, mr_lkey, iova, len, access)
+    fn bind_mw(&self, ctx: AccessCtx, b: super::MwBind) -> Result<(), AccessError> {
+        self.bind_wr(ctx, b)
     }
 }

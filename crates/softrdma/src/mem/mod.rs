@@ -29,7 +29,7 @@ mod uffd;
 mod watch;
 mod window;
 
-pub use access::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAccess};
+pub use access::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAccess, MwBind};
 pub use arena::PageSize;
 pub use coherence::{
     INVALIDATION_QUEUE, Invalidation, InvalidationCause, InvalidationNotify, RawCopy,

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 
 use super::key::key_index;
 use super::table::{Entry, read, write};
-use super::window::{Mw, MwType, bind};
-use super::{Access, AccessCtx, AccessError, Invalidator, MemError, MemoryTable};
+use super::window::{Mw, MwType, Range, bind};
+use super::{Access, AccessCtx, AccessError, Invalidator, MemError, MemoryTable, MwBind};
 
 /// A memory window as the verbs describe it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +143,14 @@ impl MemoryTable {
             if *key != mr_lkey {
                 return Err(AccessError::InvalidKey(mr_lkey));
             }
-            Some(bind(mr, mr_lkey, mw_key, mw.pd, iova, len, access, None)?)
+            let range = Range {
+                mr_key: mr_lkey,
+                mw_key,
+                iova,
+                len,
+                access,
+            };
+            Some(bind(mr, range, mw.pd, None)?)
         };
         let new_key = match self.key_alloc().retag(mw_key) {
             Ok(k) => k,
@@ -184,17 +191,15 @@ impl MemoryTable {
     /// in the tag only, `ibv_inc_rkey`; bound to the QP; unbound first), or a type 1 window
     /// with a key from [`MemoryTable::draw_type1_key`] (rebound in place; a zero length
     /// unbinds).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn bind_wr(
-        &self,
-        ctx: AccessCtx,
-        mw_key: u32,
-        new_rkey: u32,
-        mr_lkey: u32,
-        iova: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(), AccessError> {
+    pub(crate) fn bind_wr(&self, ctx: AccessCtx, b: MwBind) -> Result<(), AccessError> {
+        let MwBind {
+            mw_key,
+            new_rkey,
+            mr_lkey,
+            iova,
+            len,
+            access,
+        } = b;
         let slot = self.slot(mw_key)?;
         if self.slot_index(new_rkey) != self.slot_index(mw_key) {
             return Err(AccessError::InvalidOperation(mw_key));
@@ -234,16 +239,14 @@ impl MemoryTable {
         if *key != mr_lkey {
             return Err(AccessError::InvalidKey(mr_lkey));
         }
-        let binding = bind(
-            mr,
-            mr_lkey,
+        let range = Range {
+            mr_key: mr_lkey,
             mw_key,
-            mw.pd,
             iova,
             len,
             access,
-            (!type1).then_some(ctx.qpn),
-        )?;
+        };
+        let binding = bind(mr, range, mw.pd, (!type1).then_some(ctx.qpn))?;
         mw.unbind();
         mw.binding = Some(binding);
         mw.key = new_rkey;

@@ -105,20 +105,33 @@ impl Mw {
     }
 }
 
-/// Validate a bind of `[iova, iova+len)` of `parent` (key `mr_key`) with `access` for a
-/// window of `pd`, and build the binding. Increments the parent's window count on success.
+/// What a window is bound to ([`bind`]): `[iova, iova+len)` of the region with key `mr_key`,
+/// with `access`, for the window whose key is `mw_key`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Range {
+    pub(crate) mr_key: u32,
+    pub(crate) mw_key: u32,
+    pub(crate) iova: u64,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+}
+
+/// Validate a bind of `r` (a range of `parent`) for a window of `pd` (bound to QP `qpn` for a
+/// type 2 window), and build the binding. Increments the parent's window count on success.
 /// The caller holds the parent's slot (read), so the parent cannot be deregistered meanwhile.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn bind(
     parent: &Arc<Mr>,
-    mr_key: u32,
-    mw_key: u32,
+    r: Range,
     pd: u32,
-    iova: u64,
-    len: u64,
-    access: Access,
     qpn: Option<u32>,
 ) -> Result<Binding, AccessError> {
+    let Range {
+        mr_key,
+        mw_key,
+        iova,
+        len,
+        access,
+    } = r;
     let Some(access) = validate_mw_access(access) else {
         return Err(AccessError::InvalidOperation(mw_key));
     };

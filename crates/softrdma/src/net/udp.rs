@@ -588,14 +588,9 @@ mod tests {
         fn bind_mw(
             &self,
             c: crate::mem::AccessCtx,
-            mw: u32,
-            new: u32,
-            mr: u32,
-            i: u64,
-            l: u64,
-            a: crate::mem::Access,
+            b: crate::mem::MwBind,
         ) -> Result<(), crate::mem::AccessError> {
-            self.t.bind_mw(c, mw, new, mr, i, l, a)
+            self.t.bind_mw(c, b)
         }
     }
 

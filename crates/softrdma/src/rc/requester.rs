@@ -363,7 +363,17 @@ pub(super) fn execute_local(w: &SendWqe, actx: AccessCtx, mem: &dyn MemoryAccess
             addr,
             length,
             access,
-        } => match mem.bind_mw(actx, mw_rkey, new_rkey, mr_lkey, addr, length, access) {
+        } => match mem.bind_mw(
+            actx,
+            crate::mem::MwBind {
+                mw_key: mw_rkey,
+                new_rkey,
+                mr_lkey,
+                iova: addr,
+                len: length,
+                access,
+            },
+        ) {
             Ok(()) => WcStatus::Success,
             Err(_) => WcStatus::MwBindErr,
         },

@@ -78,7 +78,6 @@ impl<T: AsRef<[u8]>> Bth<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Bth<T> {
     /// Write every field; reserved bits are cleared.
-    #[allow(clippy::too_many_arguments)]
     fn write(&mut self, r: &BthRepr) {
         let b = self.buffer.as_mut();
         b[field::OPCODE] = r.opcode.0;
