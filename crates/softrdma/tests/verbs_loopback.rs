@@ -1448,8 +1448,11 @@ fn a_responder_moved_to_error_acknowledges_what_it_completed() {
 /// such a post (it waits on memory for the peer's answer) still has it sent soon: the engine
 /// thread, kicked when the first post was left, looks at such posts every DOORBELL_GRACE
 /// (60 us) and sends them once pollers have been quiet that long (median wait here
-/// 95-150 us, the 64 KiB WRITE ahead of it included). Without that, it waited for the engine
-/// thread to take over from quiet pollers (median 1 ms, up to 5 ms).
+/// 95-170 us, the 64 KiB WRITE ahead of it included). Without that, it waited for the engine
+/// thread to take over from quiet pollers (median 1 ms, up to 5 ms). The first round waits
+/// about 5 ms on the receiving side: `b` never polls, but its QP's connection (a modify)
+/// counted as a poll, so its engine thread takes the receive path only when its wake-up
+/// fires (the marker left `a` within microseconds: `a`'s datagram count says so).
 #[test]
 fn a_deferred_post_is_sent_when_the_poster_stops_polling() {
     use std::sync::atomic::Ordering::Relaxed;
