@@ -90,29 +90,7 @@ impl InMsg {
 /// What a request is handled against ([`RecvSide::handle_request`]): the QP's access context
 /// and memory, the SRQ its receives come from (if attached), its receive CQ with that CQ's
 /// capacity, and the responder's counters.
-pub struct RespEnv<'a> {
-    /// The QP's PD and number, as every access names them.
-    pub actx: AccessCtx,
-    /// The memory requests read, write and lock.
-    pub mem: &'a dyn MemoryAccess,
-    /// The SRQ receives come from, when the QP has one.
-    pub srq: Option<&'a mut Srq>,
-    /// The receive CQ.
-    pub cq: &'a mut VecDeque<WorkCompletion>,
-    /// The receive CQ's capacity.
-    pub cq_cap: usize,
-    /// The responder's counters.
-    pub counters: &'a mut RespCounters,
-}
-
-impl std::fmt::Debug for RespEnv<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RespEnv")
-            .field("actx", &self.actx)
-            .field("cq_cap", &self.cq_cap)
-            .finish_non_exhaustive()
-    }
-}
+pub type RespEnv<'a> = super::unreliable::RxEnv<'a, 'a, RespCounters>;
 
 /// Counters the responder keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -443,14 +421,8 @@ impl RecvSide {
         pos: Position,
         env: RespEnv<'_>,
     ) -> RespOutcome {
-        let RespEnv {
-            actx,
-            mem,
-            srq,
-            cq,
-            cq_cap,
-            counters: c,
-        } = env;
+        let (actx, mem) = (env.actx, env.mem);
+        let c = &mut *env.counters;
         let psn = pkt.hdr.bth.psn;
         let d = psn.diff(self.epsn);
         if d > NAK_SEQ_WINDOW {
@@ -489,21 +461,8 @@ impl RecvSide {
             return self.nak(psn, NakCode::InvalidRequest, c);
         }
         match kind {
-            OpKind::Send | OpKind::Write => {
-                let env = RespEnv {
-                    actx,
-                    mem,
-                    srq,
-                    cq,
-                    cq_cap,
-                    counters: c,
-                };
-                if kind == OpKind::Send {
-                    self.do_send(pkt, pos, env)
-                } else {
-                    self.do_write(pkt, pos, env)
-                }
-            }
+            OpKind::Send => self.do_send(pkt, pos, env),
+            OpKind::Write => self.do_write(pkt, pos, env),
             OpKind::ReadRequest => self.do_read(pkt, actx, mem, c),
             OpKind::CompareSwap | OpKind::FetchAdd => self.do_atomic(pkt, kind, actx, mem, c),
             // FLUSH and ATOMIC WRITE (IBTA 1.5) are not supported.

@@ -10,9 +10,10 @@ use super::{DatagramSource, UnrelCounters, grh_area};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::wire::{OpKind, Packet, Position};
 
-/// What a UC or UD receive touches besides the QP's responder state.
+/// What a receive touches besides the QP's responder state (UC and UD; RC's responder with
+/// its own counters: [`crate::rc::responder::RespEnv`]).
 #[allow(missing_debug_implementations)] // holds the memory as a trait object
-pub struct RxEnv<'a, 'b> {
+pub struct RxEnv<'a, 'b, C = UnrelCounters> {
     /// Who accesses memory.
     pub actx: AccessCtx,
     /// The memory.
@@ -24,7 +25,7 @@ pub struct RxEnv<'a, 'b> {
     /// Its bound.
     pub cq_cap: usize,
     /// What was dropped, and why.
-    pub counters: &'b mut UnrelCounters,
+    pub counters: &'b mut C,
 }
 
 impl RecvSide {
