@@ -28,7 +28,7 @@ use super::async_event::AsyncEvents;
 use super::cq::CqCore;
 use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
-use crate::rc::requester::LEND_MAX_PIECES;
+use crate::rc::emit::LEND_MAX_PIECES;
 use crate::rc::{Gather, Qp, QpType, Srq};
 use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDeltas, IpHeader, Packet};
 

@@ -28,6 +28,7 @@
 
 pub mod atomic_cache;
 pub mod completer;
+pub mod emit;
 pub mod gather;
 pub mod psn_set;
 pub mod qp;
@@ -35,8 +36,6 @@ pub mod qp_state;
 mod read_history;
 pub mod requester;
 pub mod responder;
-mod responder_rd;
-pub mod response;
 pub mod rq;
 pub mod sq;
 pub mod timer;

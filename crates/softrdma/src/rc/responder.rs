@@ -1,6 +1,7 @@
-//! The responder: executes requests in PSN order and answers them (rxe's `rxe_resp.c`);
-//! READ/atomic requests and duplicates are in `responder_rd.rs`, and the answers are emitted
-//! by [`super::response`].
+//! The responder: executes requests in PSN order and answers them (rxe's `rxe_resp.c`).
+//! SEND and WRITE placement is in `place.rs`, READ/atomic requests and duplicates in
+//! `read_atomic.rs`, access violations in `violation.rs`, and the answers are emitted by
+//! `response.rs`.
 //!
 //! Receive consumption (own RQ or SRQ), placement through [`MemoryAccess`] with all its
 //! checks, READ responses, atomics executed once with a replay cache, duplicate detection
@@ -10,7 +11,12 @@
 
 use std::collections::VecDeque;
 
+mod place;
+mod read_atomic;
+mod response;
 mod violation;
+
+pub(super) use place::{reth_len_fits, scatter, write_end};
 
 use super::atomic_cache::AtomicCache;
 use super::read_history::ReadHistory;
@@ -479,226 +485,4 @@ impl RecvSide {
             self.unacked = Some(psn);
         }
     }
-
-    fn do_send(&mut self, pkt: &Packet<'_>, pos: Position, env: RespEnv<'_>) -> RespOutcome {
-        let RespEnv {
-            actx,
-            mem,
-            mut srq,
-            cq,
-            cq_cap,
-            counters: c,
-        } = env;
-        let psn = pkt.hdr.bth.psn;
-        let (wqe, offset) = match self.msg {
-            InMsg::Send { wqe, offset } => (wqe, offset),
-            _ => {
-                if cq.len() >= cq_cap {
-                    return self.rnr(psn, c);
-                }
-                match self.take_recv(srq.as_deref_mut()) {
-                    Some(w) => (w, 0),
-                    None => return self.rnr(psn, c),
-                }
-            }
-        };
-        let qpn = actx.qpn;
-        let end = u64::from(offset) + pkt.payload.len() as u64;
-        // A message longer than the largest one (2 GiB) is refused before its offset could
-        // wrap, whatever the receive buffers hold.
-        if end > wqe.sges.total_len() || end > super::MAX_MSG_SIZE {
-            // The receive completes here (in error): it is no longer in progress.
-            self.msg = InMsg::Idle;
-            cq.push_back(self.recv_wc(
-                qpn,
-                wqe.wr_id,
-                WcStatus::LocLenErr,
-                WcOpcode::Recv,
-                end as u32,
-            ));
-            return self.nak(psn, NakCode::InvalidRequest, c);
-        }
-        if let Err(e) = scatter(mem, actx, &wqe.sges, u64::from(offset), pkt.payload) {
-            if matches!(e, AccessError::Suspended(_)) {
-                // The receive buffer's region is suspended: the peer waits (RNR) and resends
-                // from this packet. Before the first packet the receive goes back to its
-                // queue; in the middle of the message it stays in progress (`self.msg` still
-                // names it and its offset), and the retried packet continues it there.
-                if !matches!(self.msg, InMsg::Send { .. }) {
-                    self.give_back(wqe, srq);
-                }
-                return self.rnr(psn, c);
-            }
-            self.msg = InMsg::Idle;
-            cq.push_back(self.recv_wc(
-                qpn,
-                wqe.wr_id,
-                WcStatus::LocProtErr,
-                WcOpcode::Recv,
-                end as u32,
-            ));
-            return self.nak(psn, NakCode::RemoteOperationalError, c);
-        }
-        if pos.ends() {
-            let mut wc = self.recv_wc(
-                qpn,
-                wqe.wr_id,
-                WcStatus::Success,
-                WcOpcode::Recv,
-                end as u32,
-            );
-            wc.imm_data = pkt.hdr.immdt;
-            wc.solicited = pkt.hdr.bth.se;
-            if let Some(rkey) = pkt.hdr.ieth {
-                if mem.invalidate(actx, rkey, Invalidator::Remote).is_err() {
-                    self.msg = InMsg::Idle;
-                    wc.status = WcStatus::LocProtErr;
-                    cq.push_back(wc);
-                    return self.nak(psn, NakCode::InvalidRequest, c);
-                }
-                wc.invalidated_rkey = Some(rkey);
-                self.invalidated.push(rkey);
-            }
-            cq.push_back(wc);
-            self.next_msn();
-            self.msg = InMsg::Idle;
-        } else {
-            self.msg = InMsg::Send {
-                wqe,
-                offset: end as u32,
-            };
-        }
-        self.finish_packet(pkt);
-        RespOutcome::Ok
-    }
-
-    fn do_write(&mut self, pkt: &Packet<'_>, pos: Position, env: RespEnv<'_>) -> RespOutcome {
-        let RespEnv {
-            actx,
-            mem,
-            srq,
-            cq,
-            cq_cap,
-            counters: c,
-        } = env;
-        let psn = pkt.hdr.bth.psn;
-        let (va, rkey, len, offset) = match self.msg.write() {
-            Some(w) => w,
-            None => {
-                let Some(reth) = pkt.hdr.reth else {
-                    return self.nak(psn, NakCode::InvalidRequest, c);
-                };
-                if !self.access.contains(Access::REMOTE_WRITE) {
-                    return self.nak(psn, NakCode::RemoteAccessError, c);
-                }
-                if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
-                    return self.nak(psn, NakCode::InvalidRequest, c);
-                }
-                // A lone packet carrying the whole message (and no immediate, which is checked
-                // for room first) is validated by its placement below: the same key, range and
-                // right, so a separate check would only repeat the lookup.
-                let placed_whole = pos == Position::Only && pkt.hdr.immdt.is_none();
-                if reth.dma_len > 0
-                    && !placed_whole
-                    && let Err(e) = mem.check(
-                        actx,
-                        reth.rkey,
-                        reth.va,
-                        u64::from(reth.dma_len),
-                        Access::REMOTE_WRITE,
-                    )
-                {
-                    return self.refused(psn, e, c);
-                }
-                (reth.va, reth.rkey, reth.dma_len, 0)
-            }
-        };
-        let Some(end) = write_end(offset, pkt.payload.len(), len, pos) else {
-            return self.nak(psn, NakCode::InvalidRequest, c);
-        };
-        let imm = pos.ends() && pkt.hdr.immdt.is_some();
-        if imm && cq.len() >= cq_cap {
-            return self.rnr(psn, c);
-        }
-        if !pkt.payload.is_empty()
-            && let Err(e) = mem.write(
-                actx,
-                rkey,
-                va.wrapping_add(u64::from(offset)),
-                pkt.payload,
-                Access::REMOTE_WRITE,
-            )
-        {
-            return self.refused(psn, e, c);
-        }
-        if pos.ends() {
-            if imm {
-                // The receive is consumed only now; without one the Last packet is RNR NAKed
-                // and its (idempotent) placement repeated on the retry.
-                let Some(wqe) = self.take_recv(srq) else {
-                    return self.rnr(psn, c);
-                };
-                let mut wc = self.recv_wc(
-                    actx.qpn,
-                    wqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    len,
-                );
-                wc.imm_data = pkt.hdr.immdt;
-                wc.solicited = pkt.hdr.bth.se;
-                cq.push_back(wc);
-            }
-            self.next_msn();
-            self.msg = InMsg::Idle;
-        } else {
-            self.msg = InMsg::Write {
-                va,
-                rkey,
-                len,
-                offset: end as u32,
-            };
-        }
-        self.finish_packet(pkt);
-        RespOutcome::Ok
-    }
-}
-
-/// Whether the RETH of a WRITE's first or only packet fits the packet: an only packet
-/// carries the whole DMA length, a first packet announces more than one path MTU (`mtu`).
-/// Shared by RC and UC.
-pub(super) fn reth_len_fits(reth: &RethRepr, pos: Position, payload_len: usize, mtu: u32) -> bool {
-    match pos {
-        Position::Only => reth.dma_len as usize == payload_len,
-        _ => reth.dma_len > mtu,
-    }
-}
-
-/// Where the payload of a WRITE packet ends in its message of `len` bytes, `offset` of them
-/// placed before it: `None` when it runs past the message, or the message's last packet
-/// leaves it short. Shared by RC and UC.
-pub(super) fn write_end(offset: u32, payload_len: usize, len: u32, pos: Position) -> Option<usize> {
-    let end = offset as usize + payload_len;
-    (end <= len as usize && (!pos.ends() || end == len as usize)).then_some(end)
-}
-
-/// Place `data` into the receive buffers `sges` from message offset `offset` (the caller
-/// checked that it fits).
-pub(super) fn scatter(
-    mem: &dyn MemoryAccess,
-    actx: AccessCtx,
-    sges: &super::SgList,
-    offset: u64,
-    data: &[u8],
-) -> Result<(), AccessError> {
-    sges.for_each_piece(offset, data.len(), |s, soff, doff, n| {
-        mem.write(
-            actx,
-            s.lkey,
-            s.addr.wrapping_add(soff),
-            &data[doff..doff + n],
-            Access::LOCAL_WRITE,
-        )
-    })
-    .map(|_| ())
 }

@@ -2,8 +2,9 @@
 //! packet is built.
 
 use super::super::QpType;
+use super::super::emit::emit_payload;
 use super::super::gather::Gather;
-use super::super::requester::{LocalErr, ReqOutput, Start, emit_payload};
+use super::super::requester::{LocalErr, ReqOutput, Start};
 use super::super::sq::SendSide;
 use super::super::sq::SendWqe;
 use super::super::wr::{SendFlags, WcStatus, WrOpcode};

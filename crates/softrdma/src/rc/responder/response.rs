@@ -1,11 +1,11 @@
 //! The responder's answers on the wire: ACKs, NAKs, RNR NAKs, atomic acknowledgements and
 //! READ response streams, emitted in PSN order from the queue the responder fills.
 
-use super::gather::Gather;
-use super::requester::{LEND_MIN, emit_lent, emit_sealed};
-use super::responder::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
-use super::wr::WcStatus;
+use super::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
+use crate::rc::emit::{LEND_MIN, emit_lent, emit_sealed};
+use crate::rc::gather::Gather;
+use crate::rc::wr::WcStatus;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcPrefix, NakCode, Opcode, Syndrome,
 };
@@ -88,7 +88,7 @@ impl RecvSide {
                         let tag = READ_RESPONSE_TAG | u64::from(msn);
                         let access = Access::REMOTE_READ;
                         g.set_stage_room(crate::mem::STAGE_MAX as u64);
-                        let piece = super::gather::Piece {
+                        let piece = crate::rc::gather::Piece {
                             tag,
                             actx,
                             key: rkey,

@@ -3,10 +3,10 @@
 //! duplicate requests of every kind: re-ACK, READ served again from the requested offset,
 //! atomic answered from the cache.
 
-use super::read_history::ReadRecord;
-use super::requester::packets_for;
-use super::responder::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response};
+use super::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response};
 use crate::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
+use crate::rc::read_history::ReadRecord;
+use crate::rc::requester::packets_for;
 use crate::wire::{NakCode, OpKind, Packet, Syndrome};
 
 impl RecvSide {
@@ -39,7 +39,7 @@ impl RecvSide {
         if !self.access.contains(Access::REMOTE_READ) {
             return self.nak(psn, NakCode::RemoteAccessError, c);
         }
-        if u64::from(reth.dma_len) > super::MAX_MSG_SIZE || !self.rd_atomic_room() {
+        if u64::from(reth.dma_len) > crate::rc::MAX_MSG_SIZE || !self.rd_atomic_room() {
             return self.nak(psn, NakCode::InvalidRequest, c);
         }
         if reth.dma_len > 0
