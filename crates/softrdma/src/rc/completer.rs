@@ -193,127 +193,149 @@ impl SendSide {
             return Ok(());
         }
         match kind {
-            OpKind::Ack => {
-                let Some(aeth) = pkt.hdr.aeth else {
-                    return Ok(());
-                };
-                match aeth.syndrome {
-                    Syndrome::Ack { .. } => self.ack_through(p, now, c),
-                    Syndrome::RnrNak { timer } => {
-                        self.ack_through(p.sub(1), now, c);
-                        c.rnr_naks_received += 1;
-                        if self.rnr_left == 0 {
-                            if let Some(s) = self.first_pending() {
-                                self.sq.get_mut(s).done = Some(WcStatus::RnrRetryExcErr);
-                            }
-                            return Err(WcStatus::RnrRetryExcErr);
-                        }
-                        if self.rnr_retry != 7 {
-                            self.rnr_left -= 1;
-                        }
-                        // Everything before `p` was executed: resend from the refused request.
-                        let from = if p.is_after(self.comp_psn) {
-                            p
-                        } else {
-                            self.comp_psn
-                        };
-                        self.rewind(from);
-                        self.retrans_deadline = None;
-                        self.rnr_deadline = Some(now + rnr_backoff_ns(timer));
-                    }
-                    Syndrome::Nak(NakCode::PsnSequenceError) => {
-                        self.ack_through(p.sub(1), now, c);
-                        c.seq_naks_received += 1;
-                        if self.rnr_deadline.is_some() || self.nak_retry_psn == Some(p) {
-                            // Already going back (after an RNR NAK, or for this very NAK).
-                            return Ok(());
-                        }
-                        c.retransmits += 1;
-                        self.retry_from(p, now)?;
-                        self.nak_retry_psn = Some(p);
-                    }
-                    Syndrome::Nak(code) => {
-                        self.ack_through(p.sub(1), now, c);
-                        let st = match code {
-                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                            _ => WcStatus::RemOpErr,
-                        };
-                        let s = self.pending_holding(p).or_else(|| self.first_pending());
-                        if let Some(s) = s {
-                            self.sq.get_mut(s).done = Some(st);
-                        }
-                        return Err(st);
-                    }
-                    Syndrome::Reserved(_) => c.responses_ignored += 1,
-                }
-                Ok(())
-            }
+            OpKind::Ack => self.on_ack(now, pkt, c),
             OpKind::ReadResponse | OpKind::AtomicAck => {
-                // Responses implicitly acknowledge every request before them.
-                self.ack_through(p.sub(1), now, c);
-                let Some(s) = self.pending_holding(p) else {
-                    c.responses_ignored += 1;
-                    return Ok(());
-                };
-                let w = self.sq.get(s);
-                let matches = match w.op {
-                    WrOpcode::RdmaRead { .. } => kind == OpKind::ReadResponse,
-                    _ => w.op.is_atomic() && kind == OpKind::AtomicAck,
-                };
-                let base = self.comp_psn;
-                if !matches || !PsnSet::in_window(base, p) || self.rd_seen.contains(base, p) {
-                    c.responses_ignored += 1;
-                    return Ok(());
-                }
-                let placed = if kind == OpKind::AtomicAck {
-                    let Some(a) = pkt.hdr.atomic_ack_eth else {
-                        c.responses_ignored += 1;
-                        return Ok(());
-                    };
-                    place(w, 0, &a.orig.to_ne_bytes(), actx, mem)
-                } else {
-                    let idx = p.diff(w.first_psn) as u32;
-                    let off = u64::from(idx) * u64::from(self.mtu);
-                    let expect = (u64::from(w.len) - off).min(u64::from(self.mtu)) as usize;
-                    if pkt.payload.len() != expect {
-                        c.responses_ignored += 1;
-                        return Ok(());
-                    }
-                    place(w, off, pkt.payload, actx, mem)
-                };
-                if let Err(st) = placed {
-                    if p == base {
-                        self.sq.get_mut(s).done = Some(st);
-                        return Err(st);
-                    }
-                    // Ahead of a hole: fail it when it is the next response in order.
-                    c.responses_ignored += 1;
-                    return Ok(());
-                }
-                self.rd_seen.insert(base, p);
-                if w.rereq_end == Some(p) {
-                    // The re-request was answered: what is still missing was lost again, and
-                    // this WQE's PSNs are looked at again.
-                    let first = w.first_psn;
-                    self.sq.get_mut(s).rereq_end = None;
-                    if first.is_before(self.holes_scanned) {
-                        self.holes_scanned = first;
-                    }
-                }
-                self.advance(now);
-                if !p.is_before(self.comp_psn) {
-                    // Data ahead of a hole: the responder is alive (keep the timer off
-                    // the go-back-N) and the hole is asked for again, once.
-                    if self.comp_psn == base {
-                        self.arm(now);
-                    }
-                    self.request_holes(p, c);
-                }
-                Ok(())
+                self.on_read_or_atomic(now, pkt, kind, actx, mem, c)
             }
             _ => Ok(()),
         }
+    }
+
+    /// An acknowledgement: an ACK, an RNR NAK (resend from the refused request after the
+    /// RNR timer), a NAK-sequence (go back to the PSN it names, once per NAK) or another NAK
+    /// (the WQE it names fails).
+    fn on_ack(&mut self, now: u64, pkt: &Packet<'_>, c: &mut CompCounters) -> Result<(), WcStatus> {
+        let p = pkt.hdr.bth.psn;
+        let Some(aeth) = pkt.hdr.aeth else {
+            return Ok(());
+        };
+        match aeth.syndrome {
+            Syndrome::Ack { .. } => self.ack_through(p, now, c),
+            Syndrome::RnrNak { timer } => {
+                self.ack_through(p.sub(1), now, c);
+                c.rnr_naks_received += 1;
+                if self.rnr_left == 0 {
+                    if let Some(s) = self.first_pending() {
+                        self.sq.get_mut(s).done = Some(WcStatus::RnrRetryExcErr);
+                    }
+                    return Err(WcStatus::RnrRetryExcErr);
+                }
+                if self.rnr_retry != 7 {
+                    self.rnr_left -= 1;
+                }
+                // Everything before `p` was executed: resend from the refused request.
+                let from = if p.is_after(self.comp_psn) {
+                    p
+                } else {
+                    self.comp_psn
+                };
+                self.rewind(from);
+                self.retrans_deadline = None;
+                self.rnr_deadline = Some(now + rnr_backoff_ns(timer));
+            }
+            Syndrome::Nak(NakCode::PsnSequenceError) => {
+                self.ack_through(p.sub(1), now, c);
+                c.seq_naks_received += 1;
+                if self.rnr_deadline.is_some() || self.nak_retry_psn == Some(p) {
+                    // Already going back (after an RNR NAK, or for this very NAK).
+                    return Ok(());
+                }
+                c.retransmits += 1;
+                self.retry_from(p, now)?;
+                self.nak_retry_psn = Some(p);
+            }
+            Syndrome::Nak(code) => {
+                self.ack_through(p.sub(1), now, c);
+                let st = match code {
+                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    _ => WcStatus::RemOpErr,
+                };
+                let s = self.pending_holding(p).or_else(|| self.first_pending());
+                if let Some(s) = s {
+                    self.sq.get_mut(s).done = Some(st);
+                }
+                return Err(st);
+            }
+            Syndrome::Reserved(_) => c.responses_ignored += 1,
+        }
+        Ok(())
+    }
+
+    /// A READ response or atomic acknowledgement: it acknowledges every request before it,
+    /// and its payload is placed into the WQE it answers (in any order within the window;
+    /// a hole before it is asked for again).
+    fn on_read_or_atomic(
+        &mut self,
+        now: u64,
+        pkt: &Packet<'_>,
+        kind: OpKind,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        c: &mut CompCounters,
+    ) -> Result<(), WcStatus> {
+        let p = pkt.hdr.bth.psn;
+        // Responses implicitly acknowledge every request before them.
+        self.ack_through(p.sub(1), now, c);
+        let Some(s) = self.pending_holding(p) else {
+            c.responses_ignored += 1;
+            return Ok(());
+        };
+        let w = self.sq.get(s);
+        let matches = match w.op {
+            WrOpcode::RdmaRead { .. } => kind == OpKind::ReadResponse,
+            _ => w.op.is_atomic() && kind == OpKind::AtomicAck,
+        };
+        let base = self.comp_psn;
+        if !matches || !PsnSet::in_window(base, p) || self.rd_seen.contains(base, p) {
+            c.responses_ignored += 1;
+            return Ok(());
+        }
+        let placed = if kind == OpKind::AtomicAck {
+            let Some(a) = pkt.hdr.atomic_ack_eth else {
+                c.responses_ignored += 1;
+                return Ok(());
+            };
+            place(w, 0, &a.orig.to_ne_bytes(), actx, mem)
+        } else {
+            let idx = p.diff(w.first_psn) as u32;
+            let off = u64::from(idx) * u64::from(self.mtu);
+            let expect = (u64::from(w.len) - off).min(u64::from(self.mtu)) as usize;
+            if pkt.payload.len() != expect {
+                c.responses_ignored += 1;
+                return Ok(());
+            }
+            place(w, off, pkt.payload, actx, mem)
+        };
+        if let Err(st) = placed {
+            if p == base {
+                self.sq.get_mut(s).done = Some(st);
+                return Err(st);
+            }
+            // Ahead of a hole: fail it when it is the next response in order.
+            c.responses_ignored += 1;
+            return Ok(());
+        }
+        self.rd_seen.insert(base, p);
+        if w.rereq_end == Some(p) {
+            // The re-request was answered: what is still missing was lost again, and
+            // this WQE's PSNs are looked at again.
+            let first = w.first_psn;
+            self.sq.get_mut(s).rereq_end = None;
+            if first.is_before(self.holes_scanned) {
+                self.holes_scanned = first;
+            }
+        }
+        self.advance(now);
+        if !p.is_before(self.comp_psn) {
+            // Data ahead of a hole: the responder is alive (keep the timer off
+            // the go-back-N) and the hole is asked for again, once.
+            if self.comp_psn == base {
+                self.arm(now);
+            }
+            self.request_holes(p, c);
+        }
+        Ok(())
     }
 
     /// Queue re-requests for READ/atomic PSNs missing before `p`: per WQE at most one at a

@@ -16,24 +16,13 @@ use crate::wire::{
 /// Build packet `idx` of `w` at `psn` (a READ request asks for at most `limit` response
 /// PSNs); AckReq is set on it with `force_ack`, on the message's last packet with
 /// `end_ack`, and on every READ/atomic request. Returns (length in `buf`, AckReq set, PSNs
-/// consumed). With `gather`, a payload of
-/// at least [`LEND_MIN`] bytes from memory that can be lent is not copied: it goes to
-/// `gather` (see [`Gather`]).
+/// consumed). With `gather`, a payload of at least [`LEND_MIN`] bytes from memory that can be
+/// lent is not copied: it goes to `gather` (see [`Gather`]).
 pub(super) fn build_request(
     w: &SendWqe,
     at: PacketAt,
     env: ReqEnv<'_>,
 ) -> Result<(usize, bool, u32), LocalErr> {
-    let PacketAt {
-        seq,
-        idx,
-        limit,
-        psn,
-        dest_qpn,
-        mtu,
-        force_ack,
-        end_ack,
-    } = at;
     let ReqEnv {
         actx,
         mem,
@@ -41,28 +30,103 @@ pub(super) fn build_request(
         buf,
         mut gather,
     } = env;
-    let off = u64::from(idx) * u64::from(mtu);
-    let pos = position(idx, w.npkts);
+    let off = u64::from(at.idx) * u64::from(at.mtu);
+    let pos = position(at.idx, w.npkts);
     // The bulk of a large message: a middle packet (BTH only, AckReq only when forced), its
     // payload cut from the message's lend.
     if pos == Position::Middle
         && let Some(g) = gather.as_deref_mut()
     {
-        let at = Middle {
-            seq,
+        let mid = Middle {
+            seq: at.seq,
             off,
-            psn,
-            dest_qpn,
-            mtu,
-            ack_req: force_ack,
+            psn: at.psn,
+            dest_qpn: at.dest_qpn,
+            mtu: at.mtu,
+            ack_req: at.force_ack,
         };
-        match build_middle_lent(w, at, actx, mem, icrc, buf, g)? {
-            MiddleLent::Built(n) => return Ok((n, force_ack, 1)),
+        match build_middle_lent(w, mid, actx, mem, icrc, buf, g)? {
+            MiddleLent::Built(n) => return Ok((n, at.force_ack, 1)),
             // Copied below, without asking again.
             MiddleLent::NotLent => gather = None,
             MiddleLent::Other => {}
         }
     }
+    if let Some((h, pkts)) = request_headers(w, &at, off)? {
+        let n = emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?;
+        return Ok((n, true, pkts));
+    }
+    let h = data_headers(w, &at, pos)?;
+    let ack_req = h.bth.ack_req;
+    let plen = (u64::from(w.len) - off).min(u64::from(at.mtu)) as usize;
+    let n = emit_payload(w, at.seq, &h, (off, plen), (actx, mem, icrc), (buf, gather))?;
+    Ok((n, ack_req, 1))
+}
+
+/// The headers of a request without payload: a READ request (covering every remaining
+/// response PSN, up to `at.limit`; a retry asks for the rest, or for a hole) or an atomic,
+/// AckReq set, with the PSNs it consumes. `None` for a SEND or WRITE.
+fn request_headers(
+    w: &SendWqe,
+    at: &PacketAt,
+    off: u64,
+) -> Result<Option<(HeaderRepr, u32)>, LocalErr> {
+    let new = |op| HeaderRepr::new(BthRepr::new(op, at.dest_qpn, at.psn));
+    let (mut h, pkts) = match w.op {
+        WrOpcode::RdmaRead { remote_addr, rkey } => {
+            let mut h = new(Opcode::RC_READ_REQUEST);
+            let pkts = (w.npkts - at.idx).min(at.limit.max(1));
+            let remaining = u64::from(w.len).saturating_sub(off);
+            let len = remaining.min(u64::from(pkts) * u64::from(at.mtu));
+            h.reth = Some(RethRepr {
+                va: remote_addr.wrapping_add(off),
+                rkey,
+                dma_len: len as u32,
+            });
+            (h, pkts)
+        }
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            let mut h = new(Opcode::RC_COMPARE_SWAP);
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+            (h, 1)
+        }
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            let mut h = new(Opcode::RC_FETCH_ADD);
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+            (h, 1)
+        }
+        WrOpcode::LocalInv { .. } | WrOpcode::BindMw { .. } => {
+            return Err(WcStatus::LocQpOpErr.into());
+        }
+        _ => return Ok(None),
+    };
+    h.bth.ack_req = true;
+    Ok(Some((h, pkts)))
+}
+
+/// The headers of a SEND or WRITE packet at `pos` of its message: the RETH on a WRITE's
+/// first, immediate data or the invalidated key and the solicited event on the last, AckReq
+/// on the last with `at.end_ack` and on any with `at.force_ack`.
+fn data_headers(w: &SendWqe, at: &PacketAt, pos: Position) -> Result<HeaderRepr, LocalErr> {
     let (kind, extra, reth) = match w.op {
         WrOpcode::Send => (OpKind::Send, Headers::NONE, None),
         WrOpcode::SendWithImm { .. } => (OpKind::Send, Headers::IMMDT, None),
@@ -73,68 +137,11 @@ pub(super) fn build_request(
         WrOpcode::RdmaWriteWithImm {
             remote_addr, rkey, ..
         } => (OpKind::Write, Headers::IMMDT, Some((remote_addr, rkey))),
-        WrOpcode::RdmaRead { remote_addr, rkey } => {
-            // One request covers every remaining response PSN (up to `limit`); a retry
-            // asks for the rest, or for a hole.
-            let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_READ_REQUEST, dest_qpn, psn));
-            let pkts = (w.npkts - idx).min(limit.max(1));
-            let remaining = u64::from(w.len).saturating_sub(off);
-            let len = remaining.min(u64::from(pkts) * u64::from(mtu));
-            h.reth = Some(RethRepr {
-                va: remote_addr.wrapping_add(off),
-                rkey,
-                dma_len: len as u32,
-            });
-            h.bth.ack_req = true;
-            let n = emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?;
-            return Ok((n, true, pkts));
-        }
-        WrOpcode::AtomicCmpAndSwp {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => {
-            let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_COMPARE_SWAP, dest_qpn, psn));
-            h.atomic_eth = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey,
-                swap_add: swap,
-                compare,
-            });
-            h.bth.ack_req = true;
-            return Ok((
-                emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?,
-                true,
-                1,
-            ));
-        }
-        WrOpcode::AtomicFetchAndAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => {
-            let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_FETCH_ADD, dest_qpn, psn));
-            h.atomic_eth = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey,
-                swap_add: add,
-                compare: 0,
-            });
-            h.bth.ack_req = true;
-            return Ok((
-                emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), LocalErr>(()))?,
-                true,
-                1,
-            ));
-        }
-        WrOpcode::LocalInv { .. } | WrOpcode::BindMw { .. } => {
-            return Err(WcStatus::LocQpOpErr.into());
-        }
+        _ => return Err(WcStatus::LocQpOpErr.into()),
     };
     let extra = if pos.ends() { extra } else { Headers::NONE };
     let opcode = Opcode::find(Transport::Rc, kind, pos, extra).ok_or(WcStatus::LocQpOpErr)?;
-    let mut h = HeaderRepr::new(BthRepr::new(opcode, dest_qpn, psn));
+    let mut h = HeaderRepr::new(BthRepr::new(opcode, at.dest_qpn, at.psn));
     if pos.starts() {
         h.reth = reth.map(|(va, rkey)| RethRepr {
             va,
@@ -153,11 +160,8 @@ pub(super) fn build_request(
         h.bth.se =
             w.flags.contains(SendFlags::SOLICITED) && (kind == OpKind::Send || h.immdt.is_some());
     }
-    let ack_req = (pos.ends() && end_ack) || force_ack;
-    h.bth.ack_req = ack_req;
-    let plen = (u64::from(w.len) - off).min(u64::from(mtu)) as usize;
-    let n = emit_payload(w, seq, &h, (off, plen), (actx, mem, icrc), (buf, gather))?;
-    Ok((n, ack_req, 1))
+    h.bth.ack_req = (pos.ends() && at.end_ack) || at.force_ack;
+    Ok(h)
 }
 
 /// Emit headers `h` with the `plen` payload bytes of `w` (SQ sequence number `seq`) from

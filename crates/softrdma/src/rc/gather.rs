@@ -171,12 +171,34 @@ impl Gather {
         }
     }
 
+    /// Piece `p` cut from the anchor, when it lies in it (the same message, key, access and
+    /// epoch): the common case of a large message's later packets.
+    fn cut_from_anchor(&mut self, p: &Piece) -> bool {
+        if let Some(a) = &self.anchor
+            && a.epoch == self.epoch
+            && a.tag == p.tag
+            && a.key == p.key
+            && a.actx == p.actx
+            && a.access == p.access
+            && let Some(off) = p.iova.checked_sub(a.iova)
+            && let Ok(off) = usize::try_from(off)
+            && let Some(s) = a.bytes.sub(off, p.len)
+        {
+            self.pieces.push(s);
+            return true;
+        }
+        false
+    }
+
     /// Lend `p.len` bytes at `p.iova` under `p.key` for `p.access` as the next piece of
     /// message `p.tag`'s payload, with `p.ahead` more bytes of the same entry that its later
     /// packets will want (lent now too when they can be). `Ok(false)`: the bytes must be
     /// copied (memory that is not lent), nothing was added. Errors are those of
     /// [`MemoryAccess::lend`] for the piece itself.
     pub(crate) fn lend(&mut self, mem: &dyn MemoryAccess, p: Piece) -> Result<bool, AccessError> {
+        if self.cut_from_anchor(&p) {
+            return Ok(true);
+        }
         let Piece {
             tag,
             actx,
@@ -186,19 +208,6 @@ impl Gather {
             ahead,
             access,
         } = p;
-        if let Some(a) = &self.anchor
-            && a.epoch == self.epoch
-            && a.tag == tag
-            && a.key == key
-            && a.actx == actx
-            && a.access == access
-            && let Some(off) = iova.checked_sub(a.iova)
-            && let Ok(off) = usize::try_from(off)
-            && let Some(s) = a.bytes.sub(off, len)
-        {
-            self.pieces.push(s);
-            return Ok(true);
-        }
         let whole = (len as u64).saturating_add(ahead);
         let mut anchored = None;
         let mut in_place = true;

@@ -244,52 +244,33 @@ impl Qp {
     pub fn modify(&mut self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), ModifyError> {
         let to = check_modify(self.qp_type, self.state, attr, mask)?;
         let has = |m| mask.contains(m);
-        let a = &mut self.attr;
-        if has(QpAttrMask::ACCESS_FLAGS) {
-            a.qp_access_flags = attr.qp_access_flags;
-        }
+        self.attr.take_masked(attr, mask);
         if has(QpAttrMask::AV) {
-            a.av = attr.av;
             self.icrc = attr.av.map(IcrcPrefix::new);
         }
-        if has(QpAttrMask::PATH_MTU) {
-            a.path_mtu = attr.path_mtu;
-        }
-        if has(QpAttrMask::TIMEOUT) {
-            a.timeout = attr.timeout;
-        }
-        if has(QpAttrMask::RETRY_CNT) {
-            a.retry_cnt = attr.retry_cnt;
-        }
-        if has(QpAttrMask::RNR_RETRY) {
-            a.rnr_retry = attr.rnr_retry;
-        }
         if has(QpAttrMask::RQ_PSN) {
-            a.rq_psn = attr.rq_psn;
             self.recv.epsn = Psn::new(attr.rq_psn);
         }
         if has(QpAttrMask::SQ_PSN) {
-            a.sq_psn = attr.sq_psn;
             self.send.set_sq_psn(Psn::new(attr.sq_psn));
         }
-        if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            a.max_rd_atomic = attr.max_rd_atomic;
+        self.attr.qp_state = to;
+        self.attr.cur_qp_state = to;
+        self.configure(mask);
+        let from = self.state;
+        self.state = to;
+        match to {
+            QpState::Reset if from != QpState::Reset => self.reset(),
+            QpState::Err if from != QpState::Err => self.enter_error(),
+            _ => {}
         }
-        if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        }
-        if has(QpAttrMask::MIN_RNR_TIMER) {
-            a.min_rnr_timer = attr.min_rnr_timer;
-        }
-        if has(QpAttrMask::DEST_QPN) {
-            a.dest_qp_num = attr.dest_qp_num;
-        }
-        if has(QpAttrMask::QKEY) {
-            a.qkey = attr.qkey;
-        }
-        a.qp_state = to;
-        a.cur_qp_state = to;
-        let a = *a;
+        Ok(())
+    }
+
+    /// Hand the attributes to the requester and responder after a modify with `mask` (a
+    /// retry count set anew restarts its countdown).
+    fn configure(&mut self, mask: QpAttrMask) {
+        let a = self.attr;
         let mtu = match self.qp_type {
             QpType::Ud => self.port_mtu.bytes(),
             _ => a.path_mtu.bytes(),
@@ -307,10 +288,10 @@ impl Qp {
         s.rnr_retry = a.rnr_retry;
         s.max_rd_atomic = a.max_rd_atomic;
         s.dest_qpn = a.dest_qp_num;
-        if has(QpAttrMask::RETRY_CNT) {
+        if mask.contains(QpAttrMask::RETRY_CNT) {
             s.retry_left = a.retry_cnt;
         }
-        if has(QpAttrMask::RNR_RETRY) {
+        if mask.contains(QpAttrMask::RNR_RETRY) {
             s.rnr_left = a.rnr_retry;
         }
         let r = &mut self.recv;
@@ -320,14 +301,6 @@ impl Qp {
         r.min_rnr_timer = a.min_rnr_timer;
         r.max_dest_rd_atomic = a.max_dest_rd_atomic;
         r.dest_qpn = a.dest_qp_num;
-        let from = self.state;
-        self.state = to;
-        match to {
-            QpState::Reset if from != QpState::Reset => self.reset(),
-            QpState::Err if from != QpState::Err => self.enter_error(),
-            _ => {}
-        }
-        Ok(())
     }
 
     fn reset(&mut self) {
@@ -503,25 +476,10 @@ impl Qp {
         srq: Option<&mut Srq>,
     ) {
         self.counters.packets_received += 1;
-        let Some(info) = pkt.hdr.bth.opcode.info() else {
+        let Some(info) = self.admit(pkt) else {
             self.counters.packets_dropped += 1;
             return;
         };
-        let live = matches!(
-            self.state,
-            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-        );
-        let ours = info.transport == self.qp_type.transport() && pkt.hdr.bth.dest_qp == self.qpn;
-        if !live || !ours {
-            // A message cut short by an invalidated region is NAKed when its next packet
-            // comes (see `RecvSide::abort_for_region`); UC and UD send no NAKs.
-            if self.state == QpState::Err && ours && info.is_request() && self.qp_type == QpType::Rc
-            {
-                self.recv.answer_violation(pkt.hdr.bth.psn);
-            }
-            self.counters.packets_dropped += 1;
-            return;
-        }
         let actx = self.actx();
         if self.qp_type.is_unreliable() {
             if !info.is_request() {
@@ -579,6 +537,26 @@ impl Qp {
                 self.retire();
             }
         }
+    }
+
+    /// What packet `pkt` is, when this QP takes it: a known opcode of its transport, for
+    /// it, in a state that receives. A request that comes in the error state after an
+    /// access violation is answered with the violation's NAK on the way (see
+    /// `RecvSide::abort_for_region`; UC and UD send no NAKs).
+    fn admit(&mut self, pkt: &Packet<'_>) -> Option<&'static crate::wire::OpcodeInfo> {
+        let info = pkt.hdr.bth.opcode.info()?;
+        let live = matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        );
+        let ours = info.transport == self.qp_type.transport() && pkt.hdr.bth.dest_qp == self.qpn;
+        if live && ours {
+            return Some(info);
+        }
+        if self.state == QpState::Err && ours && info.is_request() && self.qp_type == QpType::Rc {
+            self.recv.answer_violation(pkt.hdr.bth.psn);
+        }
+        None
     }
 
     /// The next instant `handle_timeout` must be called, if any.

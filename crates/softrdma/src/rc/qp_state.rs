@@ -244,6 +244,52 @@ pub struct QpAttr {
     pub qkey: u32,
 }
 
+impl QpAttr {
+    /// Take the attributes `mask` names from `from` (the state fields excepted).
+    pub fn take_masked(&mut self, from: &QpAttr, mask: QpAttrMask) {
+        let has = |m| mask.contains(m);
+        if has(QpAttrMask::ACCESS_FLAGS) {
+            self.qp_access_flags = from.qp_access_flags;
+        }
+        if has(QpAttrMask::AV) {
+            self.av = from.av;
+        }
+        if has(QpAttrMask::PATH_MTU) {
+            self.path_mtu = from.path_mtu;
+        }
+        if has(QpAttrMask::TIMEOUT) {
+            self.timeout = from.timeout;
+        }
+        if has(QpAttrMask::RETRY_CNT) {
+            self.retry_cnt = from.retry_cnt;
+        }
+        if has(QpAttrMask::RNR_RETRY) {
+            self.rnr_retry = from.rnr_retry;
+        }
+        if has(QpAttrMask::RQ_PSN) {
+            self.rq_psn = from.rq_psn;
+        }
+        if has(QpAttrMask::SQ_PSN) {
+            self.sq_psn = from.sq_psn;
+        }
+        if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            self.max_rd_atomic = from.max_rd_atomic;
+        }
+        if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            self.max_dest_rd_atomic = from.max_dest_rd_atomic;
+        }
+        if has(QpAttrMask::MIN_RNR_TIMER) {
+            self.min_rnr_timer = from.min_rnr_timer;
+        }
+        if has(QpAttrMask::DEST_QPN) {
+            self.dest_qp_num = from.dest_qp_num;
+        }
+        if has(QpAttrMask::QKEY) {
+            self.qkey = from.qkey;
+        }
+    }
+}
+
 impl Default for QpAttr {
     fn default() -> QpAttr {
         QpAttr {
@@ -413,58 +459,52 @@ pub fn check_modify(
     if extra.0 != 0 && !matches!(to, QpState::Reset | QpState::Err) {
         return Err(ModifyError::UnexpectedAttr(extra.first_name()));
     }
-    let has = |m| given.contains(m);
-    let bad = ModifyError::InvalidValue;
-    if has(QpAttrMask::AV) && attr.av.is_none() {
-        return Err(bad("av"));
+    match VALUE_CHECKS
+        .iter()
+        .find(|(m, _, ok)| given.contains(*m) && !ok(attr))
+    {
+        Some((_, name, _)) => Err(ModifyError::InvalidValue(name)),
+        None => Ok(to),
     }
-    if has(QpAttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
-        return Err(bad("pkey_index"));
-    }
-    if has(QpAttrMask::PORT) && attr.port_num != 1 {
-        return Err(bad("port_num"));
-    }
-    if has(QpAttrMask::TIMEOUT) && attr.timeout > 31 {
-        return Err(bad("timeout"));
-    }
-    if has(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
-        return Err(bad("retry_cnt"));
-    }
-    if has(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
-        return Err(bad("rnr_retry"));
-    }
-    if has(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
-        return Err(bad("min_rnr_timer"));
-    }
-    if has(QpAttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > MAX_RD_ATOMIC {
-        return Err(bad("max_rd_atomic"));
-    }
-    if has(QpAttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > MAX_RD_ATOMIC {
-        return Err(bad("max_dest_rd_atomic"));
-    }
-    if has(QpAttrMask::DEST_QPN) && attr.dest_qp_num > Psn::MASK {
-        return Err(bad("dest_qp_num"));
-    }
-    if has(QpAttrMask::RQ_PSN) && attr.rq_psn > Psn::MASK {
-        return Err(bad("rq_psn"));
-    }
-    if has(QpAttrMask::SQ_PSN) && attr.sq_psn > Psn::MASK {
-        return Err(bad("sq_psn"));
-    }
-    if has(QpAttrMask::ACCESS_FLAGS) {
-        // ON_DEMAND is a region's flag; rdma-core's tests hand the same flags to the QP, and
-        // the kernel's drivers let it through: accepted, and it changes nothing for a QP.
+}
+
+/// Whether an attribute's value is in range.
+type AttrCheck = fn(&QpAttr) -> bool;
+
+/// The attribute ranges: an attribute a modify names must pass its check (the device has one
+/// port and one P_Key; timers are 5-bit codes, retry counts 3-bit; QPNs and PSNs 24 bits).
+const VALUE_CHECKS: &[(QpAttrMask, &str, AttrCheck)] = &[
+    (QpAttrMask::AV, "av", |a| a.av.is_some()),
+    (QpAttrMask::PKEY_INDEX, "pkey_index", |a| a.pkey_index == 0),
+    (QpAttrMask::PORT, "port_num", |a| a.port_num == 1),
+    (QpAttrMask::TIMEOUT, "timeout", |a| a.timeout <= 31),
+    (QpAttrMask::RETRY_CNT, "retry_cnt", |a| a.retry_cnt <= 7),
+    (QpAttrMask::RNR_RETRY, "rnr_retry", |a| a.rnr_retry <= 7),
+    (QpAttrMask::MIN_RNR_TIMER, "min_rnr_timer", |a| {
+        a.min_rnr_timer <= 31
+    }),
+    (QpAttrMask::MAX_QP_RD_ATOMIC, "max_rd_atomic", |a| {
+        a.max_rd_atomic <= MAX_RD_ATOMIC
+    }),
+    (QpAttrMask::MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic", |a| {
+        a.max_dest_rd_atomic <= MAX_RD_ATOMIC
+    }),
+    (QpAttrMask::DEST_QPN, "dest_qp_num", |a| {
+        a.dest_qp_num <= Psn::MASK
+    }),
+    (QpAttrMask::RQ_PSN, "rq_psn", |a| a.rq_psn <= Psn::MASK),
+    (QpAttrMask::SQ_PSN, "sq_psn", |a| a.sq_psn <= Psn::MASK),
+    // ON_DEMAND is a region's flag; rdma-core's tests hand the same flags to the QP, and the
+    // kernel's drivers let it through: accepted, and it changes nothing for a QP.
+    (QpAttrMask::ACCESS_FLAGS, "qp_access_flags", |a| {
         let allowed = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
             | Access::REMOTE_ATOMIC
             | Access::ON_DEMAND;
-        if attr.qp_access_flags.0 & !allowed.0 != 0 {
-            return Err(bad("qp_access_flags"));
-        }
-    }
-    Ok(to)
-}
+        a.qp_access_flags.0 & !allowed.0 == 0
+    }),
+];
 
 #[cfg(test)]
 mod tests {

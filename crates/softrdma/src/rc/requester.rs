@@ -61,18 +61,8 @@ impl SendSide {
             };
             let w = self.sq.get(seq);
             if !w.psn_assigned {
-                // Counting the READs and atomics in flight walks every unacknowledged WQE
-                // (cold memory, and many of them once unsignaled messages are acknowledged
-                // lazily): only a fenced WQE or a READ/atomic needs the count.
-                let fenced = w.flags.contains(SendFlags::FENCE);
-                if fenced || w.op.is_rd_atomic() {
-                    let in_flight = self.rd_atomic_in_flight();
-                    if fenced && in_flight > 0 {
-                        return ReqOutput::Idle;
-                    }
-                    if w.op.is_rd_atomic() && in_flight >= usize::from(self.max_rd_atomic) {
-                        return ReqOutput::Idle;
-                    }
+                if !self.may_start(w) {
+                    return ReqOutput::Idle;
                 }
                 match self.start_wqe(seq, now, actx, mem) {
                     Start::Started => {}
@@ -125,28 +115,57 @@ impl SendSide {
                 buf,
                 gather,
             };
-            match build_request(w, at, env) {
-                Ok((n, ack_req, consumed)) => {
-                    self.noack = if ack_req { 0 } else { self.noack + 1 };
-                    self.req_pkt += consumed;
-                    let end = psn.add(consumed);
-                    if end.is_after(self.sent_end) {
-                        self.sent_end = end;
-                    }
-                    if self.retrans_deadline.is_none() {
-                        self.retrans_deadline = self.timeout_ns.map(|t| now + t);
-                    }
-                    return ReqOutput::Packet(n);
+            let built = build_request(w, at, env);
+            return self.built(now, at, built);
+        }
+    }
+
+    /// Whether WQE `w` may start now: a fenced WQE waits for the READs and atomics before
+    /// it, a READ/atomic for a free slot among `max_rd_atomic`.
+    fn may_start(&self, w: &SendWqe) -> bool {
+        // Counting the READs and atomics in flight walks every unacknowledged WQE (cold
+        // memory, and many of them once unsignaled messages are acknowledged lazily): only a
+        // fenced WQE or a READ/atomic needs the count.
+        let fenced = w.flags.contains(SendFlags::FENCE);
+        if !fenced && !w.op.is_rd_atomic() {
+            return true;
+        }
+        let in_flight = self.rd_atomic_in_flight();
+        let fence_waits = fenced && in_flight > 0;
+        let no_slot = w.op.is_rd_atomic() && in_flight >= usize::from(self.max_rd_atomic);
+        !fence_waits && !no_slot
+    }
+
+    /// Account for packet `at` as built (`Ok((length, AckReq set, PSNs consumed))`): the
+    /// request moves on and the retransmission timer runs; a suspended local region waits,
+    /// a failed WQE halts the send queue.
+    fn built(
+        &mut self,
+        now: u64,
+        at: PacketAt,
+        built: Result<(usize, bool, u32), LocalErr>,
+    ) -> ReqOutput {
+        match built {
+            Ok((n, ack_req, consumed)) => {
+                self.noack = if ack_req { 0 } else { self.noack + 1 };
+                self.req_pkt += consumed;
+                let end = at.psn.add(consumed);
+                if end.is_after(self.sent_end) {
+                    self.sent_end = end;
                 }
-                Err(LocalErr::Wait) => {
-                    self.rnr_deadline = Some(now + LOCAL_SUSPEND_WAIT_NS);
-                    return ReqOutput::Idle;
+                if self.retrans_deadline.is_none() {
+                    self.retrans_deadline = self.timeout_ns.map(|t| now + t);
                 }
-                Err(LocalErr::Fail(st)) => {
-                    self.sq.get_mut(seq).done = Some(st);
-                    self.halted = true;
-                    return ReqOutput::Idle;
-                }
+                ReqOutput::Packet(n)
+            }
+            Err(LocalErr::Wait) => {
+                self.rnr_deadline = Some(now + LOCAL_SUSPEND_WAIT_NS);
+                ReqOutput::Idle
+            }
+            Err(LocalErr::Fail(st)) => {
+                self.sq.get_mut(at.seq).done = Some(st);
+                self.halted = true;
+                ReqOutput::Idle
             }
         }
     }

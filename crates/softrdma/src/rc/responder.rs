@@ -43,16 +43,8 @@ pub(super) enum Response {
         syndrome: Syndrome,
         msn: u32,
     },
-    /// A READ response stream in progress; `dup` when it answers a duplicate.
-    Read {
-        psn: Psn,
-        va: u64,
-        rkey: u32,
-        remaining: u32,
-        started: bool,
-        msn: u32,
-        dup: bool,
-    },
+    /// A READ response stream in progress.
+    Read(ReadStream),
     /// An atomic acknowledgement; `dup` when it answers a duplicate.
     Atomic {
         psn: Psn,
@@ -60,6 +52,20 @@ pub(super) enum Response {
         msn: u32,
         dup: bool,
     },
+}
+
+/// A READ response stream: its next response's PSN, where it reads from (`va` under `rkey`)
+/// and how much is left; `started` once its first response went out; the MSN its AETH
+/// carries; `dup` when it answers a duplicate request.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReadStream {
+    pub(super) psn: Psn,
+    pub(super) va: u64,
+    pub(super) rkey: u32,
+    pub(super) remaining: u32,
+    pub(super) started: bool,
+    pub(super) msn: u32,
+    pub(super) dup: bool,
 }
 
 /// The message being received.

@@ -13,7 +13,7 @@ impl Qp {
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
     ) -> Option<usize> {
-        self.transmit(now, mem, buf, None, false, true)
+        self.transmit(now, mem, buf, None, Answers::All)
     }
 
     /// [`Qp::poll_transmit`], with request and READ response payloads from memory that can
@@ -31,7 +31,12 @@ impl Qp {
         hold_ack: bool,
     ) -> Option<usize> {
         gather.clear();
-        self.transmit(now, mem, buf, Some(gather), hold_ack, true)
+        let answers = if hold_ack {
+            Answers::HoldLoneAck
+        } else {
+            Answers::All
+        };
+        self.transmit(now, mem, buf, Some(gather), answers)
     }
 
     /// [`Qp::poll_transmit_gather`] for requests only: answers (READ response streams among
@@ -46,7 +51,7 @@ impl Qp {
         gather: &mut crate::rc::Gather,
     ) -> Option<usize> {
         gather.clear();
-        self.transmit(now, mem, buf, Some(gather), true, false)
+        self.transmit(now, mem, buf, Some(gather), Answers::Later)
     }
 
     /// True when answers wait to be sent (a lone positive acknowledgement among them).
@@ -98,45 +103,29 @@ impl Qp {
         self.recv.has_lone_ack()
     }
 
+    /// The next packet: answers as `answers` says, then requests (UC and UD: requests only).
     fn transmit(
         &mut self,
         now: u64,
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
         mut gather: Option<&mut crate::rc::Gather>,
-        hold_ack: bool,
-        responses: bool,
+        answers: Answers,
     ) -> Option<usize> {
         if buf.len() < self.max_packet_len() || self.state == QpState::Reset {
             return None;
         }
-        let actx = self.actx();
         if self.qp_type.is_unreliable() {
-            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
-                return None;
-            }
-            let sqd = self.state == QpState::Sqd;
-            let env = crate::rc::unreliable::TxEnv {
-                qp_type: self.qp_type,
-                now,
-                sqd,
-                actx,
-                mem,
-                icrc: self.icrc.as_ref(),
-                qkey: self.attr.qkey,
-            };
-            let out = self.send.poll_unreliable(&env, buf, gather);
-            self.retire();
-            return match out {
-                ReqOutput::Packet(n) => {
-                    self.counters.packets_sent += 1;
-                    Some(n)
-                }
-                ReqOutput::Idle => None,
-            };
+            return self.transmit_unreliable(now, mem, buf, gather);
         }
         let icrc = self.icrc?;
-        if responses && self.recv.has_response() && !(hold_ack && self.recv.has_lone_ack()) {
+        let answer = match answers {
+            Answers::All => self.recv.has_response(),
+            Answers::HoldLoneAck => self.recv.has_response() && !self.recv.has_lone_ack(),
+            Answers::Later => false,
+        };
+        if answer {
+            let actx = self.actx();
             match self
                 .recv
                 .poll_response(actx, mem, &icrc, buf, gather.as_deref_mut())
@@ -149,30 +138,55 @@ impl Qp {
                     // A READ stream met a suspended region: its RNR NAK goes next.
                     self.counters.resp.rnr_naks_sent +=
                         std::mem::take(&mut self.recv.stream_rnr_naks);
-                    return self.transmit(now, mem, buf, gather, hold_ack, responses);
+                    return self.transmit(now, mem, buf, gather, answers);
                 }
                 Ok(None) => {}
                 Err(Fatal) => {
                     self.enter_error();
-                    return self.transmit(now, mem, buf, gather, hold_ack, responses);
+                    return self.transmit(now, mem, buf, gather, answers);
                 }
             }
         }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return None;
         }
-        let sqd = self.state == QpState::Sqd;
-        let out = self.send.poll_request(
+        let env = crate::rc::requester::ReqEnv {
+            actx: self.actx(),
+            mem,
+            icrc: &icrc,
+            buf,
+            gather,
+        };
+        let out = self.send.poll_request(now, self.state == QpState::Sqd, env);
+        self.sent(out)
+    }
+
+    /// UC and UD: the next request (nothing is answered).
+    fn transmit_unreliable(
+        &mut self,
+        now: u64,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
+        gather: Option<&mut crate::rc::Gather>,
+    ) -> Option<usize> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let env = crate::rc::unreliable::TxEnv {
+            qp_type: self.qp_type,
             now,
-            sqd,
-            crate::rc::requester::ReqEnv {
-                actx,
-                mem,
-                icrc: &icrc,
-                buf,
-                gather,
-            },
-        );
+            sqd: self.state == QpState::Sqd,
+            actx: self.actx(),
+            mem,
+            icrc: self.icrc.as_ref(),
+            qkey: self.attr.qkey,
+        };
+        let out = self.send.poll_unreliable(&env, buf, gather);
+        self.sent(out)
+    }
+
+    /// After a request poll: finished WQEs retire, a packet is counted.
+    fn sent(&mut self, out: ReqOutput) -> Option<usize> {
         self.retire();
         match out {
             ReqOutput::Packet(n) => {
@@ -182,4 +196,16 @@ impl Qp {
             ReqOutput::Idle => None,
         }
     }
+}
+
+/// Which answers a transmit poll sends before requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answers {
+    /// Every queued answer first.
+    All,
+    /// Every queued answer, except a positive acknowledgement that is the only one waiting
+    /// (held: see [`Qp::holds_ack`]).
+    HoldLoneAck,
+    /// None: answers stay queued for a later poll.
+    Later,
 }

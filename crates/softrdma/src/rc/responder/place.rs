@@ -37,14 +37,7 @@ impl RecvSide {
         // wrap, whatever the receive buffers hold.
         if end > wqe.sges.total_len() || end > crate::rc::MAX_MSG_SIZE {
             // The receive completes here (in error): it is no longer in progress.
-            self.msg = InMsg::Idle;
-            cq.push_back(self.recv_wc(
-                qpn,
-                wqe.wr_id,
-                WcStatus::LocLenErr,
-                WcOpcode::Recv,
-                end as u32,
-            ));
+            self.fail_recv(cq, (qpn, wqe.wr_id), WcStatus::LocLenErr, end as u32);
             return self.nak(psn, NakCode::InvalidRequest, c);
         }
         if let Err(e) = scatter(mem, actx, &wqe.sges, u64::from(offset), pkt.payload) {
@@ -58,39 +51,13 @@ impl RecvSide {
                 }
                 return self.rnr(psn, c);
             }
-            self.msg = InMsg::Idle;
-            cq.push_back(self.recv_wc(
-                qpn,
-                wqe.wr_id,
-                WcStatus::LocProtErr,
-                WcOpcode::Recv,
-                end as u32,
-            ));
+            self.fail_recv(cq, (qpn, wqe.wr_id), WcStatus::LocProtErr, end as u32);
             return self.nak(psn, NakCode::RemoteOperationalError, c);
         }
         if pos.ends() {
-            let mut wc = self.recv_wc(
-                qpn,
-                wqe.wr_id,
-                WcStatus::Success,
-                WcOpcode::Recv,
-                end as u32,
-            );
-            wc.imm_data = pkt.hdr.immdt;
-            wc.solicited = pkt.hdr.bth.se;
-            if let Some(rkey) = pkt.hdr.ieth {
-                if mem.invalidate(actx, rkey, Invalidator::Remote).is_err() {
-                    self.msg = InMsg::Idle;
-                    wc.status = WcStatus::LocProtErr;
-                    cq.push_back(wc);
-                    return self.nak(psn, NakCode::InvalidRequest, c);
-                }
-                wc.invalidated_rkey = Some(rkey);
-                self.invalidated.push(rkey);
+            if let Err(code) = self.end_send(pkt, (wqe.wr_id, end as u32), actx, mem, cq) {
+                return self.nak(psn, code, c);
             }
-            cq.push_back(wc);
-            self.next_msn();
-            self.msg = InMsg::Idle;
         } else {
             self.msg = InMsg::Send {
                 wqe,
@@ -118,34 +85,11 @@ impl RecvSide {
         let psn = pkt.hdr.bth.psn;
         let (va, rkey, len, offset) = match self.msg.write() {
             Some(w) => w,
-            None => {
-                let Some(reth) = pkt.hdr.reth else {
-                    return self.nak(psn, NakCode::InvalidRequest, c);
-                };
-                if !self.access.contains(Access::REMOTE_WRITE) {
-                    return self.nak(psn, NakCode::RemoteAccessError, c);
-                }
-                if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
-                    return self.nak(psn, NakCode::InvalidRequest, c);
-                }
-                // A lone packet carrying the whole message (and no immediate, which is checked
-                // for room first) is validated by its placement below: the same key, range and
-                // right, so a separate check would only repeat the lookup.
-                let placed_whole = pos == Position::Only && pkt.hdr.immdt.is_none();
-                if reth.dma_len > 0
-                    && !placed_whole
-                    && let Err(e) = mem.check(
-                        actx,
-                        reth.rkey,
-                        reth.va,
-                        u64::from(reth.dma_len),
-                        Access::REMOTE_WRITE,
-                    )
-                {
-                    return self.refused(psn, e, c);
-                }
-                (reth.va, reth.rkey, reth.dma_len, 0)
-            }
+            None => match self.write_target(pkt, pos, actx, mem) {
+                Ok(reth) => (reth.va, reth.rkey, reth.dma_len, 0),
+                Err(Ok(code)) => return self.nak(psn, code, c),
+                Err(Err(e)) => return self.refused(psn, e, c),
+            },
         };
         let Some(end) = write_end(offset, pkt.payload.len(), len, pos) else {
             return self.nak(psn, NakCode::InvalidRequest, c);
@@ -195,6 +139,84 @@ impl RecvSide {
         }
         self.finish_packet(pkt);
         RespOutcome::Ok
+    }
+
+    /// A receive ends in error before its message was placed: its completion carries
+    /// `status`, and no message is in progress any more. `wqe` is (QP number, WR ID).
+    fn fail_recv(
+        &mut self,
+        cq: &mut VecDeque<WorkCompletion>,
+        wqe: (u32, u64),
+        st: WcStatus,
+        len: u32,
+    ) {
+        self.msg = InMsg::Idle;
+        cq.push_back(self.recv_wc(wqe.0, wqe.1, st, WcOpcode::Recv, len));
+    }
+
+    /// A SEND's last packet was placed: the receive completes (`wqe` is its WR ID and the
+    /// message's length) with the immediate data, or the key the SEND invalidates; an
+    /// invalidation refused completes it in error and the NAK's code comes back.
+    fn end_send(
+        &mut self,
+        pkt: &Packet<'_>,
+        wqe: (u64, u32),
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+        cq: &mut VecDeque<WorkCompletion>,
+    ) -> Result<(), NakCode> {
+        let mut wc = self.recv_wc(actx.qpn, wqe.0, WcStatus::Success, WcOpcode::Recv, wqe.1);
+        wc.imm_data = pkt.hdr.immdt;
+        wc.solicited = pkt.hdr.bth.se;
+        self.msg = InMsg::Idle;
+        if let Some(rkey) = pkt.hdr.ieth {
+            if mem.invalidate(actx, rkey, Invalidator::Remote).is_err() {
+                wc.status = WcStatus::LocProtErr;
+                cq.push_back(wc);
+                return Err(NakCode::InvalidRequest);
+            }
+            wc.invalidated_rkey = Some(rkey);
+            self.invalidated.push(rkey);
+        }
+        cq.push_back(wc);
+        self.next_msn();
+        Ok(())
+    }
+
+    /// The RETH of a WRITE's first (or only) packet, checked: present, remote writes allowed
+    /// on the QP, a length that fits the packet, and the target range writable. `Err(Ok(code))`
+    /// is a NAK, `Err(Err(e))` memory refusing.
+    fn write_target(
+        &self,
+        pkt: &Packet<'_>,
+        pos: Position,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+    ) -> Result<RethRepr, Result<NakCode, AccessError>> {
+        let Some(reth) = pkt.hdr.reth else {
+            return Err(Ok(NakCode::InvalidRequest));
+        };
+        if !self.access.contains(Access::REMOTE_WRITE) {
+            return Err(Ok(NakCode::RemoteAccessError));
+        }
+        if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
+            return Err(Ok(NakCode::InvalidRequest));
+        }
+        // A lone packet carrying the whole message (and no immediate, which is checked for
+        // room first) is validated by its placement: the same key, range and right, so a
+        // separate check would only repeat the lookup.
+        let placed_whole = pos == Position::Only && pkt.hdr.immdt.is_none();
+        if reth.dma_len > 0 && !placed_whole {
+            mem.check(
+                actx,
+                reth.rkey,
+                reth.va,
+                u64::from(reth.dma_len),
+                Access::REMOTE_WRITE,
+            )
+            .map_err(Err)?;
+        }
+        Ok(reth)
     }
 }
 

@@ -3,7 +3,7 @@
 //! duplicate requests of every kind: re-ACK, READ served again from the requested offset,
 //! atomic answered from the cache.
 
-use super::{NO_CREDITS, RecvSide, RespCounters, RespOutcome, Response};
+use super::{NO_CREDITS, ReadStream, RecvSide, RespCounters, RespOutcome, Response};
 use crate::mem::{Access, AccessCtx, AccessError, AtomicOp, MemoryAccess};
 use crate::rc::read_history::ReadRecord;
 use crate::rc::requester::packets_for;
@@ -56,7 +56,7 @@ impl RecvSide {
         let msn = self.next_msn();
         // The response's AETH acknowledges every request before this one.
         self.unacked = None;
-        self.resp.push_back(Response::Read {
+        self.resp.push_back(Response::Read(ReadStream {
             psn,
             va: reth.va,
             rkey: reth.rkey,
@@ -64,7 +64,7 @@ impl RecvSide {
             started: false,
             msn,
             dup: false,
-        });
+        }));
         self.rd_atomic_queued += 1;
         let npkts = packets_for(u64::from(reth.dma_len), self.mtu);
         self.reads.insert(ReadRecord {
@@ -171,7 +171,7 @@ impl RecvSide {
                     return;
                 }
                 let msn = self.msn;
-                self.resp.push_back(Response::Read {
+                self.resp.push_back(Response::Read(ReadStream {
                     psn,
                     va: reth.va,
                     rkey: reth.rkey,
@@ -179,7 +179,7 @@ impl RecvSide {
                     started: false,
                     msn,
                     dup: true,
-                });
+                }));
                 self.rd_atomic_queued += 1;
                 self.dup_queued += 1;
             }

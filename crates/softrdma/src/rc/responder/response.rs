@@ -1,7 +1,7 @@
 //! The responder's answers on the wire: ACKs, NAKs, RNR NAKs, atomic acknowledgements and
 //! READ response streams, emitted in PSN order from the queue the responder fills.
 
-use super::{Fatal, NO_CREDITS, RecvSide, Response, map_err};
+use super::{Fatal, NO_CREDITS, ReadStream, RecvSide, Response, map_err};
 use crate::mem::{Access, AccessCtx, AccessError, MemoryAccess};
 use crate::rc::emit::{LEND_MIN, emit_lent, emit_sealed};
 use crate::rc::gather::Gather;
@@ -13,6 +13,15 @@ use crate::wire::{
 /// Anchor tags of READ responses (their MSN below), apart from the requester's (SQ sequence
 /// numbers, far below 2^63).
 const READ_RESPONSE_TAG: u64 = 1 << 63;
+
+/// What a READ response's payload is read with ([`RecvSide::poll_response`]'s arguments).
+struct ReadEnv<'a> {
+    actx: AccessCtx,
+    mem: &'a dyn MemoryAccess,
+    icrc: &'a IcrcPrefix,
+    buf: &'a mut [u8],
+    gather: Option<&'a mut Gather>,
+}
 
 impl RecvSide {
     /// Emit the next queued answer into `buf`. `Err(Fatal)` when a READ could not be served and
@@ -28,16 +37,19 @@ impl RecvSide {
         buf: &mut [u8],
         gather: Option<&mut Gather>,
     ) -> Result<Option<usize>, Fatal> {
-        let Some(front) = self.resp.front_mut() else {
+        let Some(&front) = self.resp.front() else {
             return Ok(None);
         };
         let dest = self.dest_qpn;
-        match *front {
+        let sealed = |h: &HeaderRepr, buf: &mut [u8]| {
+            emit_sealed(h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok()
+        };
+        match front {
             Response::Ack { psn, syndrome, msn } => {
                 let mut h = HeaderRepr::new(BthRepr::new(Opcode::RC_ACK, dest, psn));
                 h.aeth = Some(AethRepr { syndrome, msn });
                 self.resp.pop_front();
-                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok())
+                Ok(sealed(&h, buf))
             }
             Response::Atomic {
                 psn,
@@ -53,141 +65,159 @@ impl RecvSide {
                 h.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                 self.resp.pop_front();
                 self.answered(dup);
-                Ok(emit_sealed(&h, 0, icrc, buf, |_| Ok::<(), WcStatus>(())).ok())
+                Ok(sealed(&h, buf))
             }
-            Response::Read {
-                psn,
-                va,
-                rkey,
-                remaining,
-                started,
-                msn,
-                dup,
-            } => {
-                let plen = remaining.min(self.mtu);
-                let last = plen == remaining;
-                let opcode = match (started, last) {
-                    (false, true) => Opcode::RC_READ_RESPONSE_ONLY,
-                    (false, false) => Opcode::RC_READ_RESPONSE_FIRST,
-                    (true, true) => Opcode::RC_READ_RESPONSE_LAST,
-                    (true, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+            Response::Read(s) => {
+                let env = ReadEnv {
+                    actx,
+                    mem,
+                    icrc,
+                    buf,
+                    gather,
                 };
-                let mut h = HeaderRepr::new(BthRepr::new(opcode, dest, psn));
-                if !started || last {
-                    h.aeth = Some(AethRepr {
-                        syndrome: NO_CREDITS,
-                        msn,
-                    });
-                }
-                let mut failed = None;
-                let lent = match gather {
-                    Some(g) if plen as usize >= LEND_MIN => {
-                        // The rest of the response is lent with this packet's payload (its
-                        // later packets cut theirs from it).
-                        let ahead = u64::from(remaining - plen);
-                        let tag = READ_RESPONSE_TAG | u64::from(msn);
-                        let access = Access::REMOTE_READ;
-                        g.set_stage_room(crate::mem::STAGE_MAX as u64);
-                        let piece = crate::rc::gather::Piece {
-                            tag,
-                            actx,
-                            key: rkey,
-                            iova: va,
-                            len: plen as usize,
-                            ahead,
-                            access,
-                        };
-                        match g.lend(mem, piece) {
-                            Ok(true) => Some(emit_lent(&h, plen as usize, icrc, buf, g)),
-                            Ok(false) => None,
-                            Err(e) => {
-                                failed = Some(e);
-                                Some(Err(WcStatus::RemAccessErr))
-                            }
-                        }
-                    }
-                    _ => None,
-                };
-                let r = match lent {
-                    Some(r) => r,
-                    None => emit_sealed(&h, plen as usize, icrc, buf, |dst| {
-                        if dst.is_empty() {
-                            return Ok(());
-                        }
-                        mem.read(actx, rkey, va, dst, Access::REMOTE_READ)
-                            .map_err(|e| {
-                                failed = Some(e);
-                                WcStatus::RemAccessErr
-                            })
-                    }),
-                };
-                match (r, failed) {
-                    (Ok(n), _) => {
-                        if last {
-                            self.resp.pop_front();
-                            self.answered(dup);
-                            if self
-                                .stopped_stream
-                                .is_some_and(|(p, k)| k == rkey && p.diff(psn) <= 0)
-                            {
-                                self.stopped_stream = None;
-                            }
-                        } else if let Some(Response::Read {
-                            psn,
-                            va,
-                            remaining,
-                            started,
-                            ..
-                        }) = self.resp.front_mut()
-                        {
-                            *psn = psn.add(1);
-                            *va = va.wrapping_add(u64::from(plen));
-                            *remaining -= plen;
-                            *started = true;
-                        }
-                        Ok(Some(n))
-                    }
-                    (Err(_), Some(AccessError::Suspended(_))) => {
-                        // The region is suspended: the stream stops and the requester is told
-                        // to wait (an RNR NAK at the stream's next PSN, which it sent), then
-                        // asks again from there; the repeat is served once the region is
-                        // resumed. Until then the QP still uses the region.
-                        if self.stopped_stream.is_none() {
-                            self.stopped_stream = Some((psn, rkey));
-                        }
-                        self.resp.pop_front();
-                        self.answered(dup);
-                        self.stream_rnr_naks += 1;
-                        let (timer, msn) = (self.min_rnr_timer, self.msn);
-                        self.resp.push_front(Response::Ack {
-                            psn,
-                            syndrome: Syndrome::RnrNak { timer },
-                            msn,
-                        });
-                        Ok(None)
-                    }
-                    (Err(_), Some(e)) => {
-                        let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
-                        // A resend of the READ, from any PSN of its stream up to this one,
-                        // draws the NAK again in the error state (`answer_violation`).
-                        self.violation = Some((psn, code, true));
-                        self.resp.clear();
-                        self.rd_atomic_queued = 0;
-                        self.dup_queued = 0;
-                        self.push_ack(psn, Syndrome::Nak(code));
-                        Err(Fatal)
-                    }
-                    (Err(_), None) => {
-                        // The packet could not be built (no room): the answer is dropped and
-                        // its slot freed; the requester times out and asks again.
-                        self.resp.pop_front();
-                        self.answered(dup);
-                        Ok(None)
-                    }
-                }
+                self.emit_read_response(s, env)
             }
         }
     }
+
+    /// The next response of READ stream `s` (the queue's front): its payload lent or copied,
+    /// then the stream advanced, finished, stopped (a suspended region) or ended in a NAK.
+    fn emit_read_response(
+        &mut self,
+        s: ReadStream,
+        env: ReadEnv<'_>,
+    ) -> Result<Option<usize>, Fatal> {
+        let plen = s.remaining.min(self.mtu);
+        let last = plen == s.remaining;
+        let opcode = match (s.started, last) {
+            (false, true) => Opcode::RC_READ_RESPONSE_ONLY,
+            (false, false) => Opcode::RC_READ_RESPONSE_FIRST,
+            (true, true) => Opcode::RC_READ_RESPONSE_LAST,
+            (true, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+        };
+        let mut h = HeaderRepr::new(BthRepr::new(opcode, self.dest_qpn, s.psn));
+        if !s.started || last {
+            h.aeth = Some(AethRepr {
+                syndrome: NO_CREDITS,
+                msn: s.msn,
+            });
+        }
+        match read_payload(&h, &s, plen, env) {
+            Ok(n) => {
+                self.advance_stream(&s, plen, last);
+                Ok(Some(n))
+            }
+            Err(Some(AccessError::Suspended(_))) => {
+                self.stop_stream(&s);
+                Ok(None)
+            }
+            Err(Some(e)) => {
+                let code = map_err(e).unwrap_or(NakCode::RemoteAccessError);
+                // A resend of the READ, from any PSN of its stream up to this one,
+                // draws the NAK again in the error state (`answer_violation`).
+                self.violation = Some((s.psn, code, true));
+                self.resp.clear();
+                self.rd_atomic_queued = 0;
+                self.dup_queued = 0;
+                self.push_ack(s.psn, Syndrome::Nak(code));
+                Err(Fatal)
+            }
+            Err(None) => {
+                // The packet could not be built (no room): the answer is dropped and
+                // its slot freed; the requester times out and asks again.
+                self.resp.pop_front();
+                self.answered(s.dup);
+                Ok(None)
+            }
+        }
+    }
+
+    /// A response of `plen` bytes of stream `s` went out: the stream ends with its `last`, or
+    /// moves on to its next PSN.
+    fn advance_stream(&mut self, s: &ReadStream, plen: u32, last: bool) {
+        if last {
+            self.resp.pop_front();
+            self.answered(s.dup);
+            if self
+                .stopped_stream
+                .is_some_and(|(p, k)| k == s.rkey && p.diff(s.psn) <= 0)
+            {
+                self.stopped_stream = None;
+            }
+        } else if let Some(Response::Read(f)) = self.resp.front_mut() {
+            f.psn = f.psn.add(1);
+            f.va = f.va.wrapping_add(u64::from(plen));
+            f.remaining -= plen;
+            f.started = true;
+        }
+    }
+
+    /// The region under stream `s` is suspended: the stream stops and the requester is told
+    /// to wait (an RNR NAK at the stream's next PSN, which it sent), then asks again from
+    /// there; the repeat is served once the region is resumed. Until then the QP still uses
+    /// the region.
+    fn stop_stream(&mut self, s: &ReadStream) {
+        if self.stopped_stream.is_none() {
+            self.stopped_stream = Some((s.psn, s.rkey));
+        }
+        self.resp.pop_front();
+        self.answered(s.dup);
+        self.stream_rnr_naks += 1;
+        let (timer, msn) = (self.min_rnr_timer, self.msn);
+        self.resp.push_front(Response::Ack {
+            psn: s.psn,
+            syndrome: Syndrome::RnrNak { timer },
+            msn,
+        });
+    }
+}
+
+/// Build READ response `h` with the next `plen` bytes of stream `s`: lent when a gather
+/// takes them (the rest of the stream is lent with them: its later packets cut theirs from
+/// it), else copied. `Err(Some(e))` when memory refused, `Err(None)` when the packet could not
+/// be built.
+fn read_payload(
+    h: &HeaderRepr,
+    s: &ReadStream,
+    plen: u32,
+    env: ReadEnv<'_>,
+) -> Result<usize, Option<AccessError>> {
+    let ReadEnv {
+        actx,
+        mem,
+        icrc,
+        buf,
+        gather,
+    } = env;
+    if let Some(g) = gather.filter(|_| plen as usize >= LEND_MIN) {
+        g.set_stage_room(crate::mem::STAGE_MAX as u64);
+        let piece = crate::rc::gather::Piece {
+            tag: READ_RESPONSE_TAG | u64::from(s.msn),
+            actx,
+            key: s.rkey,
+            iova: s.va,
+            len: plen as usize,
+            ahead: u64::from(s.remaining - plen),
+            access: Access::REMOTE_READ,
+        };
+        match g.lend(mem, piece) {
+            Ok(true) => return emit_lent(h, plen as usize, icrc, buf, g).map_err(|_| None),
+            Ok(false) => {}
+            Err(e) => return Err(Some(e)),
+        }
+    }
+    let mut failed = None;
+    emit_sealed(h, plen as usize, icrc, buf, |dst| {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        mem.read(actx, s.rkey, s.va, dst, Access::REMOTE_READ)
+            .map_err(|e| {
+                failed = Some(e);
+                WcStatus::RemAccessErr
+            })
+    })
+    .map_err(|_| failed)
 }
 
 impl RecvSide {

@@ -25,7 +25,7 @@ impl RecvSide {
             || self
                 .resp
                 .iter()
-                .any(|r| matches!(r, Response::Read { rkey, .. } if names(*rkey)))
+                .any(|r| matches!(r, Response::Read(s) if names(s.rkey)))
     }
 
     /// The memory under a message in progress or a READ response stream went away (the
@@ -48,7 +48,7 @@ impl RecvSide {
             .resp
             .iter()
             .find_map(|r| match *r {
-                Response::Read { psn, rkey, dup, .. } if names(rkey) && !dup => Some(psn),
+                Response::Read(s) if names(s.rkey) && !s.dup => Some(s.psn),
                 _ => None,
             })
             .or(self

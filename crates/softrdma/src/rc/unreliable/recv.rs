@@ -255,32 +255,17 @@ impl RecvSide {
         let c = &mut *env.counters;
         let (va, rkey, len, offset) = match self.msg.write() {
             Some(w) => w,
-            None => {
-                let Some(reth) = pkt.hdr.reth else {
-                    c.malformed += 1;
-                    return self.uc_drop_message(env.srq.as_deref_mut());
-                };
-                if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
-                    c.malformed += 1;
-                    return self.uc_drop_message(env.srq.as_deref_mut());
-                }
-                let refused = !self.access.contains(Access::REMOTE_WRITE)
-                    || (reth.dma_len > 0
-                        && mem
-                            .check(
-                                actx,
-                                reth.rkey,
-                                reth.va,
-                                u64::from(reth.dma_len),
-                                Access::REMOTE_WRITE,
-                            )
-                            .is_err());
-                if refused {
-                    c.access_drops += 1;
+            None => match self.uc_write_target(pkt, pos, actx, mem) {
+                Ok(reth) => (reth.va, reth.rkey, reth.dma_len, 0),
+                Err(malformed) => {
+                    if malformed {
+                        c.malformed += 1;
+                    } else {
+                        c.access_drops += 1;
+                    }
                     return self.uc_drop_message(env.srq.as_deref_mut());
                 }
-                (reth.va, reth.rkey, reth.dma_len, 0)
-            }
+            },
         };
         let Some(end) = write_end(offset, pkt.payload.len(), len, pos) else {
             c.malformed += 1;
@@ -307,25 +292,7 @@ impl RecvSide {
         if pos.ends() {
             self.msg = InMsg::Idle;
             if pkt.hdr.immdt.is_some() {
-                let w = if env.cq.len() < env.cq_cap {
-                    self.take_recv(env.srq.as_deref_mut())
-                } else {
-                    None
-                };
-                let Some(wqe) = w else {
-                    env.counters.no_recv_drops += 1;
-                    return RespOutcome::Ok;
-                };
-                let mut wc = self.recv_wc(
-                    actx.qpn,
-                    wqe.wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    len,
-                );
-                wc.imm_data = pkt.hdr.immdt;
-                wc.solicited = pkt.hdr.bth.se;
-                env.cq.push_back(wc);
+                self.uc_write_imm(pkt, len, env);
             }
         } else {
             self.msg = InMsg::Write {
@@ -336,5 +303,57 @@ impl RecvSide {
             };
         }
         RespOutcome::Ok
+    }
+
+    /// The RETH of a UC WRITE's first (or only) packet, checked: present with a length that
+    /// fits the packet (else `Err(true)`: malformed), and the target writable (else
+    /// `Err(false)`: refused).
+    fn uc_write_target(
+        &self,
+        pkt: &Packet<'_>,
+        pos: Position,
+        actx: AccessCtx,
+        mem: &dyn MemoryAccess,
+    ) -> Result<crate::wire::RethRepr, bool> {
+        let reth = pkt.hdr.reth.ok_or(true)?;
+        if !reth_len_fits(&reth, pos, pkt.payload.len(), self.mtu) {
+            return Err(true);
+        }
+        let refused = !self.access.contains(Access::REMOTE_WRITE)
+            || (reth.dma_len > 0
+                && mem
+                    .check(
+                        actx,
+                        reth.rkey,
+                        reth.va,
+                        u64::from(reth.dma_len),
+                        Access::REMOTE_WRITE,
+                    )
+                    .is_err());
+        if refused { Err(false) } else { Ok(reth) }
+    }
+
+    /// A UC WRITE with immediate data of `len` bytes ended: it consumes a receive, whose
+    /// completion carries the immediate; without a receive (or CQ room) it is dropped.
+    fn uc_write_imm(&mut self, pkt: &Packet<'_>, len: u32, env: &mut RxEnv<'_, '_>) {
+        let w = if env.cq.len() < env.cq_cap {
+            self.take_recv(env.srq.as_deref_mut())
+        } else {
+            None
+        };
+        let Some(wqe) = w else {
+            env.counters.no_recv_drops += 1;
+            return;
+        };
+        let mut wc = self.recv_wc(
+            env.actx.qpn,
+            wqe.wr_id,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            len,
+        );
+        wc.imm_data = pkt.hdr.immdt;
+        wc.solicited = pkt.hdr.bth.se;
+        env.cq.push_back(wc);
     }
 }
