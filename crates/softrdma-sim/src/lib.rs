@@ -6,12 +6,14 @@
 //! bytes. [`workload`] generates random mixed traffic and checks the invariants after every
 //! step: RC traffic, UD datagrams ([`workload::ud`]) and UC messages ([`workload::uc`]).
 
+pub mod devices;
 pub mod memory;
 pub mod net;
 pub mod rng;
 pub mod workload;
 pub mod world;
 
+pub use devices::{DeviceNet, DeviceNetStats};
 pub use memory::SimMemory;
 pub use net::{Faults, NetEvent, NetStats, Network, Partition};
 pub use rng::Rng;

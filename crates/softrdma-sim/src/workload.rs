@@ -32,6 +32,7 @@ use crate::rng::Rng;
 use crate::world::{ConnOpts, QpRef, World};
 
 mod checks;
+pub mod devices;
 pub mod uc;
 pub mod ud;
 mod unrel;

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use super::async_event::AsyncEvents;
 use super::cq::CqCore;
+use super::port::Port;
 use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
 use crate::mem::MemoryTable;
 use crate::rc::emit::LEND_MAX_PIECES;
@@ -348,17 +349,42 @@ struct RxWork {
     last_qp: Option<(u64, Arc<QpCell>)>,
 }
 
+/// The transport's clock: real time since the engine started, or a time its owner sets
+/// (a simulation's virtual clock, shared by the devices of one simulated network).
+#[derive(Clone, Debug)]
+pub enum Clock {
+    /// Nanoseconds since this instant.
+    Real(Instant),
+    /// The value of this counter, in nanoseconds.
+    Manual(Arc<AtomicU64>),
+}
+
+impl Clock {
+    /// Real time from now on.
+    pub fn real() -> Clock {
+        Clock::Real(Instant::now())
+    }
+
+    /// Nanoseconds now.
+    pub fn now(&self) -> u64 {
+        match self {
+            Clock::Real(epoch) => epoch.elapsed().as_nanos() as u64,
+            Clock::Manual(t) => t.load(Ordering::Acquire),
+        }
+    }
+}
+
 /// One device's datapath.
 #[derive(Debug)]
 pub struct Engine {
-    port: UdpPort,
+    port: Port,
     local_ip: IpAddr,
     mem: Arc<MemoryTable>,
     qps: RwLock<HashMap<u32, Arc<QpCell>>>,
     /// Bumped on every change of `qps` (invalidates the receive path's cached QP).
     qp_gen: AtomicU64,
     rx: Mutex<RxState>,
-    epoch: Instant,
+    clock: Clock,
     mode: PollMode,
     gso: bool,
     stop: AtomicBool,
@@ -490,7 +516,7 @@ const TIMER_SLACK_PER_QP: u64 = 50;
 const TIMER_SCAN: u64 = 50_000_000;
 
 impl Engine {
-    /// An engine on a bound port.
+    /// An engine on a bound port, on the real clock.
     pub fn new(
         port: UdpPort,
         mem: Arc<MemoryTable>,
@@ -498,6 +524,17 @@ impl Engine {
         gso: bool,
     ) -> io::Result<Engine> {
         port.set_nonblocking(true)?;
+        Engine::with_port(Port::Udp(port), mem, (mode, gso), Clock::real())
+    }
+
+    /// An engine on any port (a memory network's, for deterministic tests), with its clock;
+    /// `mode` and `gso` as for [`Engine::new`].
+    pub fn with_port(
+        port: Port,
+        mem: Arc<MemoryTable>,
+        (mode, gso): (PollMode, bool),
+        clock: Clock,
+    ) -> io::Result<Engine> {
         let local_ip = port.local_addr().ip();
         // SAFETY: timerfd_create takes two integers and returns a new descriptor or -1.
         let fd = unsafe {
@@ -534,7 +571,7 @@ impl Engine {
                 },
             }),
             qp_gen: AtomicU64::new(0),
-            epoch: Instant::now(),
+            clock,
             mode,
             gso,
             stop: AtomicBool::new(false),
@@ -559,7 +596,7 @@ impl Engine {
 
     /// Nanoseconds since the engine started: the transport's clock.
     pub fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.clock.now()
     }
 
     /// The local address.

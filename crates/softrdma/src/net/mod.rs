@@ -3,9 +3,11 @@
 pub mod async_event;
 pub mod cq;
 pub mod engine;
+pub mod port;
 pub mod udp;
 
 pub use async_event::{ASYNC_EVENT_QUEUE, AsyncEvent, AsyncEventHook, AsyncEvents};
 pub use cq::{ChannelCore, CqCore};
-pub use engine::{Engine, EngineCounters, PollMode, QpBody, QpCell, QpGuard, SrqCore};
+pub use engine::{Clock, Engine, EngineCounters, PollMode, QpBody, QpCell, QpGuard, SrqCore};
+pub use port::{Datagram, MemoryNet, MemoryPort, Port};
 pub use udp::{PortOptions, Received, RxBatch, TxBatch, UdpPort};

@@ -172,6 +172,43 @@ impl Device {
         })
     }
 
+    /// Open a device on a memory network's port at `<cfg.addr>:cfg.port`, on `clock`, with
+    /// no engine thread: the owner drives it ([`Device::drive`]) and moves the network's
+    /// datagrams. The datapath is the one a socket device runs, so a simulation of such
+    /// devices (with `cfg.mode` busy-poll: acknowledgements held, posts left for polls)
+    /// exercises lending, GSO datagrams, demultiplexing and the peer check as they run.
+    pub fn open_on(
+        cfg: DeviceConfig,
+        net: &Arc<crate::net::MemoryNet>,
+        clock: crate::net::Clock,
+    ) -> Result<Device, VerbsError> {
+        let port = crate::net::Port::Memory(net.port(SocketAddr::new(cfg.addr, cfg.port)));
+        let mem = Arc::new(MemoryTable::new(MemConfig {
+            pin_mode: cfg.pin_mode,
+            watch: cfg.watch,
+            remap_policy: cfg.remap_policy,
+            raw_copy: cfg.raw_copy,
+            ..MemConfig::default()
+        })?);
+        let engine = Arc::new(Engine::with_port(port, mem, (cfg.mode, cfg.gso), clock)?);
+        engine.watch_invalidations();
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                engine,
+                cfg,
+                thread: None,
+            }),
+        })
+    }
+
+    /// Drive a device opened with [`Device::open_on`] once, as its engine thread would:
+    /// receive what waits, fire due timers, send what is pending. Returns the packets
+    /// received and when the device next needs driving (a transport timer or a held
+    /// acknowledgement; `None`: only when datagrams arrive or work is posted).
+    pub fn drive(&self) -> (usize, Option<u64>) {
+        self.inner.engine.drive_once()
+    }
+
     /// The configuration the device was opened with.
     pub fn config(&self) -> &DeviceConfig {
         &self.inner.cfg
@@ -258,12 +295,12 @@ impl Device {
         // While an application thread busy-polls, the descriptor leaves the socket alone
         // (`Engine::add_watching_channel`).
         let core = match engine.mode() {
-            PollMode::BusyPoll => {
+            PollMode::BusyPoll if engine.socket_fd() >= 0 => {
                 let core = Arc::new(ChannelCore::watching(1024, engine.socket_fd())?);
                 engine.add_watching_channel(&core);
                 core
             }
-            PollMode::Blocking => Arc::new(ChannelCore::new(1024)?),
+            _ => Arc::new(ChannelCore::new(1024)?),
         };
         Ok(super::CompChannel {
             core,

@@ -35,6 +35,24 @@ impl Engine {
         done
     }
 
+    /// One pass of a device without an engine thread (see `Device::open_on`): receive, fire
+    /// due timers, send what is pending. Returns the packets received and the next instant
+    /// something is due (a transport timer, a held acknowledgement).
+    pub fn drive_once(&self) -> (usize, Option<u64>) {
+        let done = self.progress_as(true, true);
+        self.serve_pending_transmit();
+        let timers = self.run_timers();
+        let acks = {
+            let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+            (!rx.work.pending.is_empty()).then_some(rx.work.pending_due)
+        };
+        let next = match (timers, acks) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        (done, next)
+    }
+
     /// A poll that found completions waiting (busy-poll mode): it takes them without a
     /// receive (a system call that would only delay them; the next poll that finds the CQ
     /// empty receives), but counts as a poll all the same: an `active` poller keeps the engine

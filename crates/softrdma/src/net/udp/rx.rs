@@ -125,6 +125,39 @@ impl RxBatch {
         }
     }
 
+    /// Receive from a memory port's inbox (see [`crate::net::port`]): up to the batch's
+    /// capacity of datagrams, each cut to a buffer's length as a socket would truncate it.
+    pub(crate) fn fill(
+        &mut self,
+        inbox: &mut std::collections::VecDeque<crate::net::Datagram>,
+    ) -> usize {
+        let n = inbox.len().min(self.hdrs.len());
+        for i in 0..n {
+            let Some(d) = inbox.pop_front() else { break };
+            let len = d.data.len().min(self.buf_len);
+            self.bufs[i * self.buf_len..i * self.buf_len + len].copy_from_slice(&d.data[..len]);
+            let a = SockAddr::from(d.src);
+            // SAFETY: `a` holds a valid socket address of `a.len()` bytes, no more than a
+            // sockaddr_storage; the copy fills the front of this entry's storage.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    a.as_ptr().cast::<u8>(),
+                    (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast::<u8>(),
+                    a.len() as usize,
+                );
+            }
+            self.hdrs[i].msg_hdr.msg_namelen = a.len();
+            self.hdrs[i].msg_len = len as u32;
+            self.segs[i] = if d.segment >= len || d.segment > usize::from(u16::MAX) {
+                0
+            } else {
+                d.segment as u16
+            };
+        }
+        self.count = n;
+        n
+    }
+
     /// Datagrams in the last receive.
     pub fn len(&self) -> usize {
         self.count

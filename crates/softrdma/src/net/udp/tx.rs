@@ -385,6 +385,34 @@ impl TxBatch {
     /// The queued datagrams as they would go out: bytes, segment size, segments.
     #[cfg(test)]
     pub(super) fn datagrams(&mut self) -> Vec<(Vec<u8>, u16, u16)> {
+        self.gathered()
+            .into_iter()
+            .map(|(_, bytes, seg, nseg)| (bytes, seg, nseg))
+            .collect()
+    }
+
+    /// Take the queued datagrams, their pieces gathered into one buffer each (what a memory
+    /// port sends): destination, bytes and segment size (the whole length for a lone
+    /// packet). The batch is empty afterwards.
+    pub(crate) fn take_datagrams(&mut self) -> Vec<(SocketAddr, Vec<u8>, usize)> {
+        let out = self
+            .gathered()
+            .into_iter()
+            .map(|(dst, bytes, seg, nseg)| {
+                let seg = if nseg > 1 {
+                    usize::from(seg)
+                } else {
+                    bytes.len()
+                };
+                (dst, bytes, seg)
+            })
+            .collect();
+        self.clear();
+        out
+    }
+
+    /// The queued datagrams, gathered: destination, bytes, segment size, segments.
+    fn gathered(&mut self) -> Vec<(SocketAddr, Vec<u8>, u16, u16)> {
         self.prepare(0);
         (0..self.len)
             .map(|i| {
@@ -397,7 +425,7 @@ impl TxBatch {
                         unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
                     bytes.extend_from_slice(b);
                 }
-                (bytes, s.seg, s.nseg)
+                (self.dsts[i], bytes, s.seg, s.nseg)
             })
             .collect()
     }
