@@ -1,7 +1,20 @@
 //! softrdma: an RDMA NIC written in software.
 //!
-//! Layers, bottom up: [`wire`] (RoCEv2 headers, opcode table, ICRC, PSN arithmetic) and
-//! [`mem`] (protection domains, memory regions and windows, keys, the pinning resource manager).
+//! Layers, bottom up (docs/ARCHITECTURE.md draws them):
+//!
+//! * [`wire`]: RoCEv2 headers, the opcode table, the ICRC, PSN arithmetic, the CM's MADs;
+//!   zero-copy views with parse and emit.
+//! * [`mem`]: protection domains, memory regions and windows, keys, the pinning resource
+//!   manager, suspend and resume, lending to the transmit path, coherence with the
+//!   application's mappings.
+//! * [`rc`]: the sans-IO transports (RC's requester, completer and responder; UC and UD) and
+//!   the QP state machine: packets and time in, packets, completions and deadlines out.
+//! * [`cm`]: the sans-IO Communication Manager (connections, SIDR) on MADs and time.
+//! * [`net`]: the per-device engine that drives the transports over a port (a UDP socket, or a
+//!   memory network for deterministic tests) on a clock; completion queues and channels;
+//!   asynchronous events.
+//! * [`verbs`]: the public verbs API (devices, PDs, MRs, MWs, CQs, QPs, SRQs, the connection
+//!   manager), which the C ABI crate wraps as `libibverbs.so.1`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
