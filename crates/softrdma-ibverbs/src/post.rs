@@ -231,7 +231,7 @@ pub(crate) unsafe extern "C" fn post_send(
 fn post_recv_list(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
-    post: impl Fn(&RecvWr<'_>) -> Result<(), c_int>,
+    mut post: impl FnMut(&RecvWr<'_>) -> Result<(), c_int>,
 ) -> c_int {
     let mut cur = wr;
     while !cur.is_null() {
@@ -270,7 +270,15 @@ pub(crate) unsafe extern "C" fn post_recv(
                 store_bad(bad_wr, wr);
                 return libc::EINVAL;
             };
-            post_recv_list(wr, bad_wr, |r| q.vqp.post_recv(r).map_err(|e| e.errno()))
+            // The whole list is posted under one lock of the QP.
+            let mut batch = match q.vqp.post_recv_batch() {
+                Ok(b) => b,
+                Err(e) => {
+                    store_bad(bad_wr, wr);
+                    return e.errno();
+                }
+            };
+            post_recv_list(wr, bad_wr, |r| batch.post(r).map_err(|e| e.errno()))
         },
     )
 }

@@ -1601,3 +1601,46 @@ fn a_poll_with_completions_waiting_does_not_receive_first() {
     assert_eq!(wc[0].wr_id, 2);
     assert!(b.dev.counters().rx_datagrams.load(Relaxed) > before);
 }
+
+/// A list of receives posted under one lock (`Qp::post_recv_batch`, what `ibv_post_recv`
+/// uses): each takes a SEND in order; a refused one leaves the earlier ones posted.
+#[test]
+fn a_receive_batch_posts_every_request_up_to_a_refused_one() {
+    let (a, b) = pair(24813, PollMode::Blocking);
+    let rbuf =
+        b.pd.reg_buffer(vec![0u8; 256], Access::LOCAL_WRITE)
+            .unwrap();
+    {
+        let mut batch = b.qp.post_recv_batch().unwrap();
+        for k in 0..2u64 {
+            let sge = [rbuf.sge(k * 64, 64)];
+            batch
+                .post(&RecvWr {
+                    wr_id: 10 + k,
+                    sg_list: &sge,
+                })
+                .unwrap();
+        }
+        // More scatter entries than the QP allows: refused, the two before stay posted.
+        let many = [rbuf.sge(128, 8); 64];
+        assert!(
+            batch
+                .post(&RecvWr {
+                    wr_id: 99,
+                    sg_list: &many
+                })
+                .is_err()
+        );
+    }
+    let src = a.pd.reg_buffer(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    for k in 0..2u64 {
+        let sge = [src.sge(0, 16 + k as u32)];
+        a.qp.post_send(&SendWr::new(k, WrOpcode::Send).sg(&sge))
+            .unwrap();
+    }
+    let got: Vec<(u64, u32)> = (0..2)
+        .map(|_| one(&b.cq))
+        .map(|w| (w.wr_id, w.byte_len))
+        .collect();
+    assert_eq!(got, vec![(10, 16), (11, 17)]);
+}

@@ -37,7 +37,7 @@ pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, MAX_CQE, PortAttr};
 pub use error::VerbsError;
 pub use mr::{Mr, MrRereg, Mw, Pd};
-pub use qp::{Ah, PostBatch, Qp, QpInitAttr, random_psn};
+pub use qp::{Ah, PostBatch, Qp, QpInitAttr, RecvBatch, random_psn};
 pub use srq::Srq;
 
 pub use crate::mem::{

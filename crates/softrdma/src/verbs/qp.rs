@@ -347,6 +347,21 @@ impl Qp {
         Ok(())
     }
 
+    /// Post several receive work requests under one lock of the QP (`ibv_post_recv` with a
+    /// list); completions the error state makes at once (flushes) reach the CQ when the batch
+    /// is dropped. A request refused by [`RecvBatch::post`] leaves the earlier ones posted.
+    pub fn post_recv_batch(&self) -> Result<RecvBatch<'_>, VerbsError> {
+        if self._srq.is_some() {
+            return Err(VerbsError::InvalidArgument(
+                "this QP takes its receives from an SRQ".into(),
+            ));
+        }
+        Ok(RecvBatch {
+            qp: self,
+            body: Some(self.cell.lock()),
+        })
+    }
+
     /// Transport counters of this QP.
     pub fn counters(&self) -> rc::QpCounters {
         *self.cell.lock().qp.counters()
@@ -410,6 +425,38 @@ impl Drop for PostBatch<'_> {
         drop(body);
         if kick {
             engine.kick_for_doorbell();
+        }
+    }
+}
+
+/// Receive work requests being posted together ([`Qp::post_recv_batch`]).
+#[derive(Debug)]
+pub struct RecvBatch<'a> {
+    qp: &'a Qp,
+    /// The QP, locked (until the batch is dropped).
+    body: Option<QpGuard<'a>>,
+}
+
+impl RecvBatch<'_> {
+    /// Post one receive work request (`ibv_post_recv` for one element of the list).
+    pub fn post(&mut self, wr: &RecvWr<'_>) -> Result<(), VerbsError> {
+        let Some(body) = self.body.as_mut() else {
+            return Err(VerbsError::InvalidArgument("the batch is closed".into()));
+        };
+        body.qp.post_recv(wr)?;
+        Ok(())
+    }
+}
+
+impl Drop for RecvBatch<'_> {
+    fn drop(&mut self) {
+        if let Some(mut body) = self.body.take() {
+            // In the error state receives complete at once (flushed): move them to the CQ.
+            self.qp
+                .pd
+                .device()
+                .engine()
+                .drain_completions(&self.qp.cell, &mut body);
         }
     }
 }
