@@ -420,8 +420,8 @@ pub unsafe extern "C" fn ibv_modify_qp(
                 .into_iter()
                 .find(|x| *x as c_int == a.path_mtu)
                 .ok_or(libc::EINVAL)?;
-            let active = q.shared.verbs()?.query_port().active_mtu;
-            v.path_mtu = want.min(active);
+            // `verbs::Qp::modify` clamps it to the port's active MTU.
+            v.path_mtu = want;
         }
         if m.contains(QpAttrMask::TIMEOUT) {
             v.timeout = a.timeout;

@@ -216,8 +216,17 @@ impl Qp {
         ctx
     }
 
-    /// Modify the QP (`ibv_modify_qp`). With `AV` in the mask, `attr.av` names the peer.
+    /// Modify the QP (`ibv_modify_qp`). With `AV` in the mask, `attr.av` names the peer. A
+    /// path MTU above the port's active MTU is clamped to it: packets larger than the port's
+    /// MTU could not leave it (`ibv_rc_pingpong -m 4096` on a device whose interface has MTU
+    /// 1500 then runs at 1024).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
+        let mut clamped = *attr;
+        if mask.contains(QpAttrMask::PATH_MTU) {
+            let active = self.pd.device().query_port().active_mtu;
+            clamped.path_mtu = clamped.path_mtu.min(active);
+        }
+        let attr = &clamped;
         let engine = self.pd.device().engine();
         let mut body = self.cell.lock();
         if mask.contains(QpAttrMask::STATE)
