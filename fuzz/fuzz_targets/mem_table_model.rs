@@ -594,14 +594,11 @@ impl World {
     }
 
     /// The model's verdict on binding window `mw` to `[iova, iova+len)` of region `mr`.
-    #[allow(clippy::too_many_arguments)]
     fn bind_model(
         &self,
         ctx: AccessCtx,
-        mw: u32,
-        mr: u32,
-        iova: u64,
-        len: u64,
+        (mw, mr): (u32, u32),
+        (iova, len): (u64, u64),
         access: u32,
         type2: Option<u32>,
     ) -> Result<Option<BindModel>, AccessError> {
@@ -674,8 +671,14 @@ impl World {
         }))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn bind(&mut self, mw: u32, mr: u32, ctx: AccessCtx, va: VaSel, len: u16, access: u8, tag: u8) {
+    fn bind(
+        &mut self,
+        (mw, mr): (u32, u32),
+        ctx: AccessCtx,
+        (va, len): (VaSel, u16),
+        access: u8,
+        tag: u8,
+    ) {
         let Some(wi) = self.find(mw) else {
             // Still exercise the error paths with a key of nothing.
             let r =
@@ -690,8 +693,18 @@ impl World {
         let access = u32::from(access & 0x3f);
         if type2 {
             let nk = (mw & !0xff) | u32::from(tag);
-            let want = self.bind_model(ctx, mw, mr, iova, len, access, Some(nk));
-            let r = self.mem.bind_mw(ctx, softrdma::mem::MwBind { mw_key: mw, new_rkey: nk, mr_lkey: mr, iova, len, access: Access(access) });
+            let want = self.bind_model(ctx, (mw, mr), (iova, len), access, Some(nk));
+            let r = self.mem.bind_mw(
+                ctx,
+                softrdma::mem::MwBind {
+                    mw_key: mw,
+                    new_rkey: nk,
+                    mr_lkey: mr,
+                    iova,
+                    len,
+                    access: Access(access),
+                },
+            );
             assert!(
                 same(&r, &want),
                 "bind type 2 {mw:#x} on {mr:#x} [{iova:#x}+{len}] {access:#x} {ctx:?}: got {r:?}, model {want:?}"
@@ -700,7 +713,7 @@ impl World {
                 self.set_binding(wi, nk, b);
             }
         } else {
-            let want = self.bind_model(ctx, mw, mr, iova, len, access, None);
+            let want = self.bind_model(ctx, (mw, mr), (iova, len), access, None);
             let r = self
                 .mem
                 .bind_mw_type1(ctx, mw, mr, iova, len, Access(access));
@@ -820,7 +833,6 @@ impl World {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn access(&mut self, key: u32, ctx: AccessCtx, op: AccessOp, va: VaSel, len: u16, need: u8) {
         let iova = self.va(key, va);
         let len = usize::from(len) % 4200;
@@ -975,7 +987,7 @@ impl World {
                     qpn: 1 + u32::from(qpn),
                 };
                 let (mw, mr) = (self.pick(mw), self.pick(mr));
-                self.bind(mw, mr, ctx, va, len, access, tag);
+                self.bind((mw, mr), ctx, (va, len), access, tag);
             }
             Op::Access {
                 key,

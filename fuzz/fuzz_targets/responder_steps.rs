@@ -350,8 +350,18 @@ impl World {
                     .unwrap(),
                 MwType::Type2 => {
                     let nk = (mw & !0xff) | (mw.wrapping_add(1) & 0xff);
-                    mem.bind_mw(actx, softrdma::mem::MwBind { mw_key: mw, new_rkey: nk, mr_lkey: p.key, iova: p.iova + woff, len: wlen, access: rights })
-                        .unwrap();
+                    mem.bind_mw(
+                        actx,
+                        softrdma::mem::MwBind {
+                            mw_key: mw,
+                            new_rkey: nk,
+                            mr_lkey: p.key,
+                            iova: p.iova + woff,
+                            len: wlen,
+                            access: rights,
+                        },
+                    )
+                    .unwrap();
                     nk
                 }
             };
@@ -937,7 +947,17 @@ impl World {
                     && m.key != 0
                     && self
                         .mem
-                        .bind_mw(actx, softrdma::mem::MwBind { mw_key: m.key, new_rkey: nk, mr_lkey: p.key, iova: m.iova, len: m.len, access: m.rights })
+                        .bind_mw(
+                            actx,
+                            softrdma::mem::MwBind {
+                                mw_key: m.key,
+                                new_rkey: nk,
+                                mr_lkey: p.key,
+                                iova: m.iova,
+                                len: m.len,
+                                access: m.rights,
+                            },
+                        )
                         .is_ok()
                 {
                     self.keys[7].key = nk;

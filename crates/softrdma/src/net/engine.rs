@@ -22,9 +22,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Instant;
 
 use super::async_event::AsyncEvents;
+use super::clock::Clock;
 use super::cq::CqCore;
 use super::port::Port;
 use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
@@ -347,31 +347,6 @@ struct RxWork {
     /// The QP the last packet was for, with the QP table's generation when it was looked
     /// up (valid while the table has not changed since).
     last_qp: Option<(u64, Arc<QpCell>)>,
-}
-
-/// The transport's clock: real time since the engine started, or a time its owner sets
-/// (a simulation's virtual clock, shared by the devices of one simulated network).
-#[derive(Clone, Debug)]
-pub enum Clock {
-    /// Nanoseconds since this instant.
-    Real(Instant),
-    /// The value of this counter, in nanoseconds.
-    Manual(Arc<AtomicU64>),
-}
-
-impl Clock {
-    /// Real time from now on.
-    pub fn real() -> Clock {
-        Clock::Real(Instant::now())
-    }
-
-    /// Nanoseconds now.
-    pub fn now(&self) -> u64 {
-        match self {
-            Clock::Real(epoch) => epoch.elapsed().as_nanos() as u64,
-            Clock::Manual(t) => t.load(Ordering::Acquire),
-        }
-    }
 }
 
 /// One device's datapath.

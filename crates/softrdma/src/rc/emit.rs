@@ -45,7 +45,7 @@ pub(super) fn build_request(
             mtu: at.mtu,
             ack_req: at.force_ack,
         };
-        match build_middle_lent(w, mid, actx, mem, icrc, buf, g)? {
+        match build_middle_lent(w, mid, (actx, mem), icrc, buf, g)? {
             MiddleLent::Built(n) => return Ok((n, at.force_ack, 1)),
             // Copied below, without asking again.
             MiddleLent::NotLent => gather = None,
@@ -179,7 +179,7 @@ pub(super) fn emit_payload(
     if let Some(g) = gather
         && !w.use_inline
         && plen >= LEND_MIN
-        && lend_payload(w, seq, off, plen, actx, mem, g)?
+        && lend_payload(w, (seq, off, plen), (actx, mem), g)?
     {
         return Ok(emit_lent(h, plen, icrc, buf, g)?);
     }
@@ -252,8 +252,7 @@ enum MiddleLent {
 fn build_middle_lent(
     w: &SendWqe,
     at: Middle,
-    actx: AccessCtx,
-    mem: &dyn MemoryAccess,
+    (actx, mem): (AccessCtx, &dyn MemoryAccess),
     icrc: &IcrcPrefix,
     buf: &mut [u8],
     g: &mut Gather,
@@ -327,17 +326,14 @@ pub const LEND_MIN: usize = 1024;
 /// copied (this bounds a GSO datagram's `iovec` count well under the kernel's 1024).
 pub const LEND_MAX_PIECES: usize = 4;
 
-/// Lend the `plen` payload bytes at offset `off` of `w` (the WQE of SQ sequence number `seq`)
-/// into `g`, each piece with the rest of its scatter/gather entry when that can be lent too
+/// Lend the `plen` payload bytes at offset `off` of `w` (the WQE of SQ sequence number `seq`),
+/// read as `actx` from `mem`, into `g`, each piece with the rest of its scatter/gather entry when that can be lent too
 /// (the later packets of the message cut their payloads from it). Returns false (lending
 /// nothing) when some piece must be copied instead.
 fn lend_payload(
     w: &SendWqe,
-    seq: u64,
-    off: u64,
-    plen: usize,
-    actx: AccessCtx,
-    mem: &dyn MemoryAccess,
+    (seq, off, plen): (u64, u64, usize),
+    (actx, mem): (AccessCtx, &dyn MemoryAccess),
     g: &mut Gather,
 ) -> Result<bool, LocalErr> {
     g.clear();
