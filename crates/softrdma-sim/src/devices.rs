@@ -8,7 +8,7 @@
 //! the identification of a lone datagram, and the receiver must solve for the one its ICRC
 //! was computed with.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -75,11 +75,6 @@ impl DeviceNet {
         }
     }
 
-    /// The network itself (to inject datagrams of one's own).
-    pub fn memory_net(&self) -> &Arc<MemoryNet> {
-        &self.net
-    }
-
     /// Virtual nanoseconds now.
     pub fn now(&self) -> u64 {
         self.clock.load(Ordering::Acquire)
@@ -96,18 +91,6 @@ impl DeviceNet {
         let dev = Device::open_on(cfg, &self.net, Clock::Manual(Arc::clone(&self.clock)))?;
         self.devices.push(dev.clone());
         Ok(dev)
-    }
-
-    /// Send a datagram of one's own into the network now (it meets the faults as any other).
-    pub fn inject(&mut self, src: SocketAddr, dst: SocketAddr, data: Vec<u8>) {
-        let segment = data.len();
-        let d = Datagram {
-            src,
-            dst,
-            data,
-            segment,
-        };
-        self.launch(d);
     }
 
     /// Drive every device, move datagrams, and advance the clock until `done` holds (checked
@@ -198,15 +181,10 @@ impl DeviceNet {
 
     /// Deliver what is due by `now`, in order of arrival time. Returns how many.
     fn deliver_due(&mut self, now: u64) -> usize {
-        let mut due: Vec<(u64, u64, Datagram)> = Vec::new();
-        self.in_flight.retain(|f| {
-            if f.0 <= now {
-                due.push(f.clone());
-                false
-            } else {
-                true
-            }
-        });
+        let (mut due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.in_flight)
+            .into_iter()
+            .partition(|f| f.0 <= now);
+        self.in_flight = keep;
         due.sort_by_key(|f| (f.0, f.1));
         let n = due.len();
         for (_, _, d) in due {

@@ -41,7 +41,7 @@ pub struct DeviceSeedReport {
     pub rx_icrc_solved: u64,
     /// Packets sent zero-copy.
     pub tx_zero_copy: u64,
-    /// GSO datagrams the devices sent (more than one packet).
+    /// Datagrams the devices sent (a GSO datagram counts once).
     pub datagrams: u64,
 }
 

@@ -42,9 +42,8 @@ impl Datagram {
     }
 }
 
-/// An in-memory network: datagrams sent by its ports wait in one sent queue until they are
-/// delivered to a port's inbox (by [`MemoryNet::deliver`], or all at once by
-/// [`MemoryNet::deliver_sent`]).
+/// An in-memory network: datagrams sent by its ports wait in one sent queue until their
+/// owner delivers them to a port's inbox ([`MemoryNet::deliver`]).
 #[derive(Debug, Default)]
 pub struct MemoryNet {
     inner: Mutex<NetState>,
@@ -94,17 +93,6 @@ impl MemoryNet {
             }
             _ => false,
         }
-    }
-
-    /// Deliver everything sent so far, unchanged.
-    pub fn deliver_sent(&self) -> usize {
-        let sent = self.take_sent();
-        sent.into_iter().filter(|d| self.deliver(d.clone())).count()
-    }
-
-    /// Datagrams waiting in inboxes.
-    pub fn queued(&self) -> usize {
-        self.state().inboxes.values().map(VecDeque::len).sum()
     }
 }
 

@@ -39,7 +39,8 @@ impl Engine {
     /// due timers, send what is pending. Returns the packets received and the next instant
     /// something is due (a transport timer, a held acknowledgement).
     pub fn drive_once(&self) -> (usize, Option<u64>) {
-        let done = self.progress_as(true, true);
+        // Timers are scanned once, below, for their next deadline.
+        let done = self.progress_as(false, true);
         self.serve_pending_transmit();
         let timers = self.run_timers();
         let acks = {
