@@ -707,7 +707,7 @@ impl World {
     }
 
     fn counters(&self) -> u64 {
-        let c = &self.s.engine.counters;
+        let c = self.s.engine.counters();
         use std::sync::atomic::Ordering::Relaxed;
         c.rx_bad.load(Relaxed) + c.rx_unknown_qp.load(Relaxed) + c.rx_wrong_peer.load(Relaxed)
     }

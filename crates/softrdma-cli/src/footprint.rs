@@ -45,7 +45,7 @@ pub fn measure(qps: usize) -> Result<Footprint, Box<dyn std::error::Error>> {
     // The transmit batch at the largest path MTU (arena for one GSO datagram + a packet, and
     // its bookkeeping), 128-entry queues of work requests and completions: an upper bound on
     // what a QP's buffers reach when fully used.
-    let tx = softrdma::net::engine::qp_tx_batch(4096 + softrdma::rc::MAX_OVERHEAD);
+    let tx = softrdma::net::endpoint::qp_tx_batch(4096 + softrdma::rc::MAX_OVERHEAD);
     let bound = (tx.reserved_bytes() + 128 * (256 + 64) * 2) as u64;
     Ok(Footprint {
         device_bytes: base.saturating_sub(before),

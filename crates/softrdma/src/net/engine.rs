@@ -1,42 +1,43 @@
-//! The per-device engine: drives the sans-IO transport with a real socket and a real clock.
+//! The per-device engine: drives the device core ([`Endpoint`]) with a port and a clock.
 //!
-//! * **Send path** — in the posting thread: `post_send` locks the QP, posts, and transmits
-//!   what the transport produces straight from the QP's own [`TxBatch`] (packets built in
-//!   place, coalesced into GSO datagrams).
+//! The endpoint holds the QPs and does everything with packets but move them; the engine
+//! owns the I/O and decides who does the work when:
+//!
+//! * **Send path** — in the posting thread: `post_send` locks the QP, posts, and the endpoint
+//!   transmits what the transport produces straight from the QP's own
+//!   [`TxBatch`](super::TxBatch) (packets built in place, coalesced into GSO datagrams), or,
+//!   in busy-poll mode, leaves the post for the poster's next poll
+//!   ([`Engine::post_done`]).
 //! * **Receive path** — whoever holds the receive lock: the engine thread (blocking mode: it
 //!   sleeps in `ppoll` on the socket and the next timer) or a CQ poller (busy-poll mode: every
 //!   `poll_cq` also receives). Datagrams are taken only under that lock, so one QP's packets
-//!   are handled in arrival order. Each packet's ICRC is verified (see [`Engine::verify`]), the
-//!   QP is found by destination QPN, the packet is accepted only from the address the QP is
-//!   connected to (and, once latched, the peer's UDP source port: see
-//!   [`QpBody::peer_src_port`]), and the QP's answers go out in one batch.
-//! * **Timers** — the engine thread wakes for the earliest QP deadline.
+//!   are handled in arrival order; the endpoint verifies, demultiplexes and checks each
+//!   ([`Endpoint::handle_datagram`]).
+//! * **Timers** — the engine thread wakes for the earliest QP deadline, or active pollers
+//!   fire them.
 //!
-//! The code: this file holds the types and the QP table; `transmit.rs` the send side,
-//! `receive.rs` the receive side, `thread.rs` the engine thread, the timer scan and the
-//! busy-poll hand-over, `teardown.rs` the QPs an invalidated region ends.
+//! The code: this file holds the engine and its [`EndpointIo`]; `receive.rs` the progress
+//! calls and the receive loop, `doorbell.rs` posts left for a poll, `thread.rs` the engine
+//! thread and the busy-poll hand-over.
 
-use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::async_event::AsyncEvents;
 use super::clock::Clock;
-use super::cq::CqCore;
+use super::counters::EngineCounters;
+use super::endpoint::{Endpoint, EndpointIo, Gone, QpBody, QpCell, RxWork};
 use super::port::Port;
-use super::udp::{MAX_DATAGRAM, Received, RxBatch, TxBatch, UdpPort};
-use crate::mem::MemoryTable;
-use crate::rc::emit::LEND_MAX_PIECES;
-use crate::rc::{Gather, Qp, QpType, Srq};
-use crate::wire::{ICRC_LEN, IcrcContext, IcrcPrefix, IdDeltas, IpHeader, Packet};
+use super::udp::{MAX_DATAGRAM, RxBatch, TxBatch, UdpPort};
+use crate::mem::{Invalidation, MemoryTable};
+use crate::wire::IcrcContext;
 
+mod doorbell;
 mod receive;
-mod teardown;
 mod thread;
-mod transmit;
 
 pub use thread::spawn;
 
@@ -51,317 +52,14 @@ pub enum PollMode {
     BusyPoll,
 }
 
-/// Datapath counters, readable at run time like a NIC's.
-#[derive(Debug, Default)]
-pub struct EngineCounters {
-    /// Datagrams received.
-    pub rx_datagrams: AtomicU64,
-    /// RoCEv2 packets received (segments).
-    pub rx_packets: AtomicU64,
-    /// Packets dropped for a bad ICRC or malformed headers.
-    pub rx_bad: AtomicU64,
-    /// Packets whose ICRC matched only for an IPv4 identification found by solving (third-party
-    /// senders whose identification is not known in advance).
-    pub rx_icrc_solved: AtomicU64,
-    /// Packets for an unknown QP.
-    pub rx_unknown_qp: AtomicU64,
-    /// Packets from an address other than the QP's peer: another IP, or another UDP source
-    /// port than the one latched (see [`QpBody::peer_src_port`]).
-    pub rx_wrong_peer: AtomicU64,
-    /// Datagrams sent (a GSO datagram counts once).
-    pub tx_datagrams: AtomicU64,
-    /// Packets sent.
-    pub tx_packets: AtomicU64,
-    /// Send errors.
-    pub tx_errors: AtomicU64,
-    /// Packets sent zero-copy: their payload went from the region to the socket without
-    /// passing through the transmit buffer.
-    pub tx_zero_copy: AtomicU64,
-    /// Busy-poll mode: posts whose transmission was left for the poster's next poll
-    /// ([`Engine::post_done`]).
-    pub posts_deferred: AtomicU64,
-    /// Times the engine thread woke up (a timer, a packet, or its waker).
-    pub thread_wakeups: AtomicU64,
-    /// Times the engine thread received for the device (always in blocking mode; in
-    /// busy-poll mode only while no application thread polls).
-    pub thread_receives: AtomicU64,
-    /// Scans of the QPs' timers (each reads every QP's published deadline).
-    pub timer_scans: AtomicU64,
-    /// Busy-poll mode: times the engine thread found datagrams nobody had polled for and
-    /// began watching the socket for an application that waits by spinning on memory.
-    pub spinner_watches: AtomicU64,
-    /// QPs ended by an access violation: moved to the error state because a region they used
-    /// was invalidated, or because their own access met an invalidated key or vanished memory
-    /// (one `AsyncEvent::QpAccessError` each).
-    pub access_violations: AtomicU64,
-}
-
-/// A QP's mutable half.
-#[derive(Debug)]
-pub struct QpBody {
-    /// The transport state machine.
-    pub qp: Qp,
-    /// Where its packets go (set from the address vector on INIT→RTR).
-    pub peer: Option<SocketAddr>,
-    /// The UDP source port the peer sends this QP's packets from, latched from the first
-    /// packet from the peer's IP that the transport accepted as progress (an in-order request,
-    /// or an acknowledgement or response for outstanding work: [`Qp::progress_mark`] moved);
-    /// from then on packets from any other port are dropped (`rx_wrong_peer`). RoCEv2 leaves
-    /// the source port to the sender: softrdma sends from its device's port, Linux rxe from a
-    /// port of its own per QP, stable for the QP's life. Cleared when the address vector is
-    /// set again.
-    pub peer_src_port: Option<u16>,
-    tx: TxBatch,
-    /// Payload lent for the packet being built (moves into `tx`).
-    gather: Gather,
-    deltas: IdDeltas,
-    held_ack: HeldAck,
-    /// In the engine's pending-transmit queue: answers are left over from a drive that spent
-    /// its budget (see [`RESPONSE_BUDGET`]), or posts wait for their doorbell
-    /// ([`Engine::post_done`]).
-    tx_queued: bool,
-    /// Posts whose transmission waits for the poster's next poll ([`Engine::post_done`]).
-    deferred: u32,
-}
-
-/// Answers (READ response packets, acknowledgements) a QP sends per drive at most: a READ
-/// response stream of up to 2 GiB (16 of them outstanding) is sent a slice at a time, the
-/// rest from the engine's pending-transmit queue, round-robin with the device's other QPs
-/// and with receiving, so that no drive holds the receive path or a QP lock for long.
-/// 64 packets are 256 KiB at a 4096-byte MTU, about 50-100 us of copying here.
-pub const RESPONSE_BUDGET: usize = 64;
-
-/// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
-const ACK_DELAY: u64 = 15_000;
-
-/// When a QP's transport began holding back a positive acknowledgement (busy-poll mode). The
-/// acknowledgement itself stays queued in the transport, unbuilt: acknowledgements are
-/// cumulative, so a newer one replaces it there, and it is built only when it is sent.
-#[derive(Debug, Default)]
-struct HeldAck {
-    since: Option<u64>,
-}
-
-impl HeldAck {
-    fn due(&self, now: u64) -> bool {
-        self.since
-            .is_some_and(|t| now.saturating_sub(t) >= ACK_DELAY)
-    }
-
-    /// When the held acknowledgement (if any) is due.
-    fn due_at(&self) -> Option<u64> {
-        self.since.map(|t| t.saturating_add(ACK_DELAY))
-    }
-
-    /// Note whether the transport holds one after a drive at `now`.
-    fn note(&mut self, holds: bool, now: u64) {
-        if !holds {
-            self.since = None;
-        } else if self.since.is_none() {
-            self.since = Some(now);
-        }
-    }
-}
-
-/// Called when an SRQ's limit event fires, with the SRQ's id.
-pub type SrqLimitHook = Arc<dyn Fn(u32) + Send + Sync>;
-
-/// A shared receive queue with its lock.
-pub struct SrqCore {
-    /// The queue.
-    pub srq: Mutex<Srq>,
-    /// Told when the SRQ's limit event fires (see [`Srq::arm_limit`]).
-    pub limit_hook: Mutex<Option<SrqLimitHook>>,
-    /// Limit events fired.
-    pub limit_events: AtomicU64,
-}
-
-impl std::fmt::Debug for SrqCore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SrqCore")
-            .field("srq", &self.srq)
-            .field("limit_events", &self.limit_events)
-            .finish_non_exhaustive()
-    }
-}
-
-impl SrqCore {
-    /// A core around `srq`, with no hook.
-    pub fn new(srq: Srq) -> SrqCore {
-        SrqCore {
-            srq: Mutex::new(srq),
-            limit_hook: Mutex::new(None),
-            limit_events: AtomicU64::new(0),
-        }
-    }
-
-    /// Report a fired limit: count it and call the hook (with no SRQ lock held).
-    fn limit_reached(&self, id: u32) {
-        self.limit_events.fetch_add(1, Ordering::Relaxed);
-        let hook = self
-            .limit_hook
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(h) = hook {
-            h(id);
-        }
-    }
-}
-
-/// A QP as the engine holds it.
-#[derive(Debug)]
-pub struct QpCell {
-    /// QP number.
-    pub qpn: u32,
-    /// Protection domain.
-    pub pd: u32,
-    /// The transport service (a UD QP takes datagrams from any sender, and sends each where
-    /// its work request says).
-    pub qp_type: QpType,
-    /// The transport state and transmit batch ([`QpCell::lock`]).
-    body: Mutex<QpBody>,
-    /// Send completions go here.
-    pub send_cq: Arc<CqCore>,
-    /// Receive completions go here.
-    pub recv_cq: Arc<CqCore>,
-    /// Receives come from here when set.
-    pub srq: Option<Arc<SrqCore>>,
-    /// The transport's next deadline (engine clock; `u64::MAX`: none), published whenever
-    /// the body is unlocked, so that a timer scan reads it without taking the lock: with
-    /// thousands of QPs, a scan touches one word of each that is not due.
-    deadline: AtomicU64,
-    /// `AsyncEvent::QpAccessError` was reported for it.
-    violation_reported: AtomicBool,
-}
-
-/// A locked QP ([`QpCell::lock`]): its body; unlocking publishes the transport's next
-/// deadline for the timer scan.
-#[derive(Debug)]
-pub struct QpGuard<'a> {
-    body: MutexGuard<'a, QpBody>,
-    deadline: &'a AtomicU64,
-}
-
-impl std::ops::Deref for QpGuard<'_> {
-    type Target = QpBody;
-    fn deref(&self) -> &QpBody {
-        &self.body
-    }
-}
-
-impl std::ops::DerefMut for QpGuard<'_> {
-    fn deref_mut(&mut self) -> &mut QpBody {
-        &mut self.body
-    }
-}
-
-impl Drop for QpGuard<'_> {
-    fn drop(&mut self) {
-        // Usually published already by the drive that ended the work (which also lowers the
-        // device's deadline): then this is one load, and the line stays clean.
-        let t = self.body.qp.poll_timeout().unwrap_or(u64::MAX);
-        if self.deadline.load(Ordering::Relaxed) != t {
-            self.deadline.store(t, Ordering::SeqCst);
-        }
-    }
-}
-
-impl QpCell {
-    /// Wrap a new transport QP.
-    pub fn new(
-        qp: Qp,
-        pd: u32,
-        send_cq: Arc<CqCore>,
-        recv_cq: Arc<CqCore>,
-        srq: Option<Arc<SrqCore>>,
-    ) -> QpCell {
-        let max = qp.max_packet_len();
-        QpCell {
-            qpn: qp.qp_num(),
-            qp_type: qp.qp_type(),
-            pd,
-            body: Mutex::new(QpBody {
-                qp,
-                peer: None,
-                peer_src_port: None,
-                tx: qp_tx_batch(max),
-                gather: Gather::with_capacity(LEND_MAX_PIECES),
-                deltas: IdDeltas::default(),
-                held_ack: HeldAck::default(),
-                tx_queued: false,
-                deferred: 0,
-            }),
-            send_cq,
-            recv_cq,
-            srq,
-            deadline: AtomicU64::new(u64::MAX),
-            violation_reported: AtomicBool::new(false),
-        }
-    }
-
-    /// Lock the mutable half (a poisoned lock is taken over: the state is still consistent
-    /// because the transport never panics midway).
-    pub fn lock(&self) -> QpGuard<'_> {
-        QpGuard {
-            body: self.body.lock().unwrap_or_else(|e| e.into_inner()),
-            deadline: &self.deadline,
-        }
-    }
-
-    /// [`QpCell::lock`] when nobody holds the lock.
-    pub fn try_lock(&self) -> Option<QpGuard<'_>> {
-        let body = match self.body.try_lock() {
-            Ok(b) => b,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        Some(QpGuard {
-            body,
-            deadline: &self.deadline,
-        })
-    }
-
-    /// The transport's next deadline as last published (`u64::MAX`: none).
-    fn deadline(&self) -> u64 {
-        self.deadline.load(Ordering::Relaxed)
-    }
-}
-
-struct RxState {
-    batch: RxBatch,
-    work: RxWork,
-}
-
-/// What the receive path keeps between packets.
-struct RxWork {
-    deltas: IdDeltas,
-    /// The ICRC headers of the last sender seen (most datagrams come from the same peer).
-    icrc: Option<(SocketAddr, IcrcPrefix)>,
-    /// QPs holding an acknowledgement back (until the end of a receive batch; in busy-poll
-    /// mode up to ACK_DELAY).
-    pending: Vec<Arc<QpCell>>,
-    /// No acknowledgement of `pending` is due before this (engine clock), so a poll that
-    /// finds nothing need not look at them.
-    pending_due: u64,
-    /// The QP the last packet was for, with the QP table's generation when it was looked
-    /// up (valid while the table has not changed since).
-    last_qp: Option<(u64, Arc<QpCell>)>,
-}
-
-/// One device's datapath.
+/// One device's datapath: its core, and the I/O and threads that drive it.
 #[derive(Debug)]
 pub struct Engine {
+    ep: Endpoint,
     port: Port,
-    local_ip: IpAddr,
-    mem: Arc<MemoryTable>,
-    qps: RwLock<HashMap<u32, Arc<QpCell>>>,
-    /// Bumped on every change of `qps` (invalidates the receive path's cached QP).
-    qp_gen: AtomicU64,
     rx: Mutex<RxState>,
     clock: Clock,
     mode: PollMode,
-    gso: bool,
     stop: AtomicBool,
     /// When a CQ poller last drove progress (engine clock), for busy-poll mode.
     last_poll: AtomicU64,
@@ -383,28 +81,18 @@ pub struct Engine {
     /// Wakes the engine thread at once (an eventfd): a poller is about to sleep until a
     /// completion event (busy-poll mode), so the thread takes the receive path now.
     kick: OwnedFd,
-    /// When pollers next look at the transport timers (ns on the engine clock): the earliest
-    /// deadline, or a rescan interval when none is pending.
-    next_timer: AtomicU64,
     /// When the engine thread, asleep, looks at the timers next (engine clock; 0 while it is
     /// awake or leaves the timers to pollers): a timer armed before then wakes it.
     timer_watch: AtomicU64,
-    /// QPs with answers left over from a drive that spent its budget, served a budget at a
-    /// time, round-robin, by whoever drives the device (the engine thread, or pollers in
-    /// busy-poll mode).
-    tx_pending: Mutex<VecDeque<Arc<QpCell>>>,
-    /// `tx_pending`'s length (read without the lock).
-    tx_pending_len: AtomicUsize,
     /// Posts were left for a poll ([`Engine::post_done`]) and the engine thread looks at them
     /// from time to time until the queue is empty: posters leaving more do not wake it.
     doorbell_watch: AtomicBool,
-    /// Regions invalidated, waiting for the engine thread to tear down their users.
-    invalidated: Mutex<Vec<teardown::Gone>>,
-    invalidations_pending: AtomicBool,
-    /// Asynchronous events for the application.
-    pub events: AsyncEvents,
-    /// Counters.
-    pub counters: EngineCounters,
+}
+
+/// The receive lock's contents: the socket's batch and the endpoint's receive state.
+struct RxState {
+    batch: RxBatch,
+    work: RxWork,
 }
 
 impl std::fmt::Debug for RxState {
@@ -481,15 +169,6 @@ const DOORBELL_GRACE: u64 = 60_000;
 /// waits for them, beyond DOORBELL_GRACE.
 const DOORBELL_NAP_MAX: u64 = 480_000;
 
-/// After a scan of the QPs' timers, the next waits at least this long per QP of the device
-/// (ns).
-const TIMER_SLACK_PER_QP: u64 = 50;
-
-/// With no timer pending, the QPs' timers are looked at again after this long: a safety net
-/// only, since arming a timer lowers the device's next deadline (and wakes the engine thread
-/// when it sleeps past it).
-const TIMER_SCAN: u64 = 50_000_000;
-
 impl Engine {
     /// An engine on a bound port, on the real clock.
     pub fn new(
@@ -510,7 +189,6 @@ impl Engine {
         (mode, gso): (PollMode, bool),
         clock: Clock,
     ) -> io::Result<Engine> {
-        let local_ip = port.local_addr().ip();
         // SAFETY: timerfd_create takes two integers and returns a new descriptor or -1.
         let fd = unsafe {
             libc::timerfd_create(
@@ -531,24 +209,14 @@ impl Engine {
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
         let kick = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Engine {
+            ep: Endpoint::new(port.local_addr(), mem, gso),
             port,
-            local_ip,
-            mem,
-            qps: RwLock::new(HashMap::new()),
             rx: Mutex::new(RxState {
                 batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
-                work: RxWork {
-                    deltas: IdDeltas::default(),
-                    icrc: None,
-                    pending: Vec::with_capacity(64),
-                    pending_due: u64::MAX,
-                    last_qp: None,
-                },
+                work: RxWork::default(),
             }),
-            qp_gen: AtomicU64::new(0),
             clock,
             mode,
-            gso,
             stop: AtomicBool::new(false),
             last_poll: AtomicU64::new(0),
             last_progress: AtomicU64::new(0),
@@ -557,15 +225,8 @@ impl Engine {
             channels: Mutex::new(Vec::new()),
             channels_watch: AtomicBool::new(true),
             kick,
-            next_timer: AtomicU64::new(0),
             timer_watch: AtomicU64::new(0),
-            tx_pending: Mutex::new(VecDeque::new()),
-            tx_pending_len: AtomicUsize::new(0),
             doorbell_watch: AtomicBool::new(false),
-            invalidated: Mutex::new(Vec::new()),
-            invalidations_pending: AtomicBool::new(false),
-            events: AsyncEvents::default(),
-            counters: EngineCounters::default(),
         })
     }
 
@@ -574,9 +235,14 @@ impl Engine {
         self.clock.now()
     }
 
+    /// The device core.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
     /// The local address.
     pub fn local_ip(&self) -> IpAddr {
-        self.local_ip
+        self.ep.local_ip()
     }
 
     /// The bound socket address.
@@ -586,7 +252,7 @@ impl Engine {
 
     /// The memory table.
     pub fn mem(&self) -> &Arc<MemoryTable> {
-        &self.mem
+        self.ep.mem()
     }
 
     /// The poll mode.
@@ -594,65 +260,108 @@ impl Engine {
         self.mode
     }
 
-    /// The IP/UDP context for packets from this device to `peer` from UDP port `src_port`.
-    pub fn path_to(&self, peer: IpAddr, src_port: u16) -> IcrcContext {
-        match (self.local_ip, peer) {
-            (IpAddr::V4(l), IpAddr::V4(p)) => IcrcContext::v4(l, p, src_port),
-            (IpAddr::V6(l), IpAddr::V6(p)) => IcrcContext::v6(l, p, src_port),
-            (IpAddr::V6(l), IpAddr::V4(p)) => IcrcContext::v6(l, p.to_ipv6_mapped(), src_port),
-            (IpAddr::V4(l), IpAddr::V6(p)) => match p.to_ipv4_mapped() {
-                Some(p4) => IcrcContext::v4(l, p4, src_port),
-                None => IcrcContext::v6(l.to_ipv6_mapped(), p, src_port),
-            },
-        }
+    /// The device's counters.
+    pub fn counters(&self) -> &EngineCounters {
+        &self.ep.counters
     }
 
-    /// The socket address an address vector sends to (an IPv4-mapped IPv6 destination is
-    /// reached over IPv4 from an IPv4 device).
+    /// The device's asynchronous events.
+    pub fn events(&self) -> &AsyncEvents {
+        &self.ep.events
+    }
+
+    /// See [`Endpoint::path_to`].
+    pub fn path_to(&self, peer: IpAddr, src_port: u16) -> IcrcContext {
+        self.ep.path_to(peer, src_port)
+    }
+
+    /// See [`Endpoint::av_dest`].
     pub fn av_dest(&self, av: &IcrcContext) -> SocketAddr {
-        let ip = match av.ip {
-            IpHeader::V4 { dst, .. } => IpAddr::V4(dst),
-            IpHeader::V6 { dst, .. } => match dst.to_ipv4_mapped() {
-                Some(v4) if self.local_ip.is_ipv4() => IpAddr::V4(v4),
-                _ => IpAddr::V6(dst),
-            },
-        };
-        SocketAddr::new(ip, av.dst_port)
+        self.ep.av_dest(av)
     }
 
     /// Register a QP for demultiplexing.
     pub fn add_qp(&self, cell: Arc<QpCell>) {
-        cell.lock().tx.set_gso(self.gso);
-        let mut qps = self.qps.write().unwrap_or_else(|e| e.into_inner());
-        qps.insert(cell.qpn, cell);
-        self.qp_gen.fetch_add(1, Ordering::Release);
+        self.ep.add_qp(cell);
     }
 
     /// Forget a QP.
     pub fn remove_qp(&self, qpn: u32) -> Option<Arc<QpCell>> {
-        let mut qps = self.qps.write().unwrap_or_else(|e| e.into_inner());
-        let cell = qps.remove(&qpn);
-        self.qp_gen.fetch_add(1, Ordering::Release);
-        drop(qps);
+        let cell = self.ep.remove_qp(qpn);
         // Let go of the receive path's cached reference now if it is free (else the next
         // packet replaces it).
         if let Ok(mut rx) = self.rx.try_lock() {
-            rx.work.last_qp = None;
+            rx.work.forget_last_qp();
         }
         cell
     }
 
     /// QPs registered.
     pub fn qp_count(&self) -> usize {
-        self.qps.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.ep.qp_count()
     }
 
     /// True if a QP with this number exists.
     pub fn has_qp(&self, qpn: u32) -> bool {
-        self.qps
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&qpn)
+        self.ep.has_qp(qpn)
+    }
+
+    /// Drive a (locked) QP after a post, packet or timeout: [`Endpoint::drive`].
+    pub fn drive(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64) {
+        self.ep.drive(cell, body, now, self);
+    }
+
+    /// Move a QP's completions to its CQs: [`Endpoint::drain_completions`].
+    pub fn drain_completions(&self, cell: &QpCell, body: &mut QpBody) {
+        self.ep.drain_completions(cell, body);
+    }
+
+    /// Send the QP's held acknowledgements now: [`Endpoint::flush_held`].
+    pub fn flush_held(&self, body: &mut QpBody) {
+        self.ep.flush_held(body, self);
+    }
+
+    /// True when QPs wait in the pending-transmit queue.
+    pub fn has_pending_transmit(&self) -> bool {
+        self.ep.has_pending_transmit()
+    }
+
+    /// Serve the pending-transmit queue once round: [`Endpoint::serve_pending_transmit`].
+    pub fn serve_pending_transmit(&self) -> usize {
+        self.ep.serve_pending_transmit(self)
+    }
+
+    /// Fire due timers: [`Endpoint::run_timers`].
+    pub fn run_timers(&self) -> Option<u64> {
+        self.ep.run_timers(self)
+    }
+
+    /// Tear down the users of invalidated regions: [`Endpoint::tear_down_users`].
+    pub fn tear_down_users(&self) -> usize {
+        self.ep.tear_down_users(self)
+    }
+
+    /// Route the memory table's invalidations and access violations to this engine.
+    pub fn watch_invalidations(self: &Arc<Self>) {
+        let (a, b): (Weak<Engine>, Weak<Engine>) = (Arc::downgrade(self), Arc::downgrade(self));
+        self.mem().set_device_notify(
+            Some(Arc::new(move |inv: Invalidation| {
+                if let Some(e) = a.upgrade() {
+                    e.note_gone(Gone::Region(inv));
+                }
+            })),
+            Some(Arc::new(move |qpn, key| {
+                if let Some(e) = b.upgrade() {
+                    e.note_gone(Gone::Access { qpn, key });
+                }
+            })),
+        );
+    }
+
+    /// Queue `g` for the engine thread and wake it. Takes no QP lock (the caller may hold one).
+    fn note_gone(&self, g: Gone) {
+        self.ep.note_gone(g);
+        self.kick_thread();
     }
 
     /// Note that an application thread is busy with the device (busy-poll mode: called after
@@ -669,9 +378,26 @@ impl Engine {
     }
 }
 
-/// A QP's transmit batch for packets of up to `max` bytes: room for one full GSO datagram
-/// plus a packet (the arena is zero pages until used, so small-MTU QPs that never fill it do
-/// not pay for it).
-pub fn qp_tx_batch(max: usize) -> TxBatch {
-    TxBatch::new(64, MAX_DATAGRAM + max)
+/// The engine drives its endpoint: its clock, its port, and its thread to wake.
+impl EndpointIo for Engine {
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    fn send(&self, tx: &mut TxBatch) -> io::Result<()> {
+        self.port.send(tx).map(drop)
+    }
+
+    fn wake(&self) {
+        self.kick_thread();
+    }
+
+    fn deadline_lowered(&self, t: u64) {
+        // The engine thread sleeps past it: wake it (once: a later, earlier deadline finds
+        // the watch cleared or lowered by then).
+        if t < self.timer_watch.load(Ordering::SeqCst) {
+            self.timer_watch.store(0, Ordering::SeqCst);
+            self.kick_thread();
+        }
+    }
 }

@@ -311,18 +311,18 @@ impl Device {
     /// The next asynchronous event (`ibv_get_async_event`), waiting up to `timeout`; `None`
     /// when none came. Events go to the hook instead while one is set.
     pub fn get_async_event(&self, timeout: std::time::Duration) -> Option<crate::net::AsyncEvent> {
-        self.inner.engine.events.wait(timeout)
+        self.inner.engine.events().wait(timeout)
     }
 
     /// Deliver asynchronous events to `hook` (run on the engine thread; it must not block)
     /// instead of queueing them for [`Device::get_async_event`]; `None` queues them again.
     pub fn set_async_event_hook(&self, hook: Option<crate::net::AsyncEventHook>) {
-        self.inner.engine.events.set_hook(hook);
+        self.inner.engine.events().set_hook(hook);
     }
 
     /// Datapath counters.
     pub fn counters(&self) -> &crate::net::EngineCounters {
-        &self.inner.engine.counters
+        self.inner.engine.counters()
     }
 
     /// The memory table (regions, windows, keys) this device's engine checks every access

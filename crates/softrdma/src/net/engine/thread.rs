@@ -1,6 +1,6 @@
 //! The engine thread and the polling heuristics: its loop (waiting for the socket, its waker
-//! and kick, and the earliest timer), the timer scan, and the hand-over of the receive path
-//! between busy pollers and the thread.
+//! and kick, and the earliest timer), and the hand-over of the receive path between busy
+//! pollers and the thread.
 
 use super::*;
 
@@ -92,54 +92,6 @@ impl Engine {
         let _ = unsafe { libc::write(self.kick.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Fire due timers of every QP; returns the earliest deadline still pending.
-    pub fn run_timers(&self) -> Option<u64> {
-        let mut next: Option<u64> = None;
-        // QP bodies are locked under the table's read lock; no path takes the table's write
-        // lock while holding a body, so this cannot deadlock.
-        let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
-        let now = self.now();
-        self.counters.timer_scans.fetch_add(1, Ordering::Relaxed);
-        // Deadlines armed from now on lower this again (after publishing their QP's, which
-        // this scan then sees, or lowering it after this store): none is lost.
-        self.next_timer.store(u64::MAX, Ordering::SeqCst);
-        for cell in qps.values() {
-            // Most QPs are not due: their published deadline says so without their lock.
-            let d = cell.deadline();
-            if d > now {
-                if d != u64::MAX {
-                    next = Some(next.map_or(d, |n: u64| n.min(d)));
-                }
-                continue;
-            }
-            // A due QP whose lock is held is being worked on (a post or a packet): its timers
-            // are looked at again shortly rather than making this thread wait for it.
-            let Some(mut body) = cell.try_lock() else {
-                next = Some(next.map_or(now + 1_000_000, |n: u64| n.min(now + 1_000_000)));
-                continue;
-            };
-            if let Some(t) = body.qp.poll_timeout()
-                && t <= now
-            {
-                body.qp.handle_timeout(now);
-                self.drive(cell, &mut body, now);
-            }
-            if let Some(t) = body.qp.poll_timeout() {
-                next = Some(next.map_or(t, |n: u64| n.min(t)));
-            }
-        }
-        // A scan costs every QP of the device: the next one waits at least as long as this
-        // one took per QP (TIMER_SLACK_PER_QP each), so that thousands of QPs whose timers
-        // fall due one after another (a burst posted at once) do not make every wake-up a
-        // scan. A timer fires at most that much late (0.8 ms with 16,000 QPs).
-        let slack = now + qps.len() as u64 * TIMER_SLACK_PER_QP;
-        let next = next.map(|t| t.max(slack));
-        // A scan by a poller may find a deadline earlier than the one the engine thread
-        // sleeps for: that wakes it (the thread's own scans find the watch cleared).
-        self.timers_changed(Some(next.unwrap_or(now + TIMER_SCAN)));
-        next
-    }
-
     /// Take what is queued on the socket before a timer scan (bounded): a thread that was
     /// off the CPU wakes up late both to its timers and to the acknowledgements that would
     /// have stopped them, and a scan first would retransmit what the peer has already
@@ -180,29 +132,6 @@ impl Engine {
         }
     }
 
-    /// Note that a QP's timers changed (a post or a packet may arm one): the next progress
-    /// call looks at them.
-    pub fn timers_changed(&self, deadline: Option<u64>) {
-        let Some(t) = deadline else { return };
-        if t >= self.next_timer.load(Ordering::Relaxed) {
-            return;
-        }
-        let was = self.next_timer.fetch_min(t, Ordering::SeqCst);
-        // The engine thread sleeps past it: wake it (once: a later, earlier deadline finds
-        // the watch cleared or lowered by then).
-        if t < was && t < self.timer_watch.load(Ordering::SeqCst) {
-            self.timer_watch.store(0, Ordering::SeqCst);
-            self.kick_thread();
-        }
-    }
-
-    /// Publish a QP's next deadline (for the timer scan) and lower the device's.
-    pub(super) fn publish_deadline(&self, cell: &QpCell, body: &QpBody) {
-        let t = body.qp.poll_timeout();
-        cell.deadline.store(t.unwrap_or(u64::MAX), Ordering::SeqCst);
-        self.timers_changed(t);
-    }
-
     /// Ask the engine thread to stop.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -228,8 +157,8 @@ impl Engine {
             let now = self.now();
             if now > until
                 || now - start > ENGINE_SPIN_MAX
-                || now >= self.next_timer.load(Ordering::Relaxed)
-                || self.invalidations_pending.load(Ordering::Relaxed)
+                || now >= self.ep.next_timer()
+                || self.ep.invalidations_pending()
                 || !self.pollers_quiet()
                 || self.stop.load(Ordering::Relaxed)
             {
@@ -276,14 +205,14 @@ impl Engine {
         // spinner) falls due (u64::MAX: none).
         let mut ack_due = u64::MAX;
         while !self.stop.load(Ordering::Acquire) {
-            self.tear_down_users();
+            self.ep.tear_down_users(self);
             if self.now() >= ack_due {
                 // Not carried by a post in time: sent now (a poller holding the receive path
                 // sends it itself).
                 ack_due = match self.rx.try_lock() {
                     Ok(mut rx) => {
                         let now = self.now();
-                        self.flush_pending_at(&mut rx, false, now);
+                        self.ep.flush_pending_at(&mut rx.work, false, now, self);
                         held_ack_due(&rx)
                     }
                     Err(_) => u64::MAX,
@@ -292,7 +221,7 @@ impl Engine {
             // The scan of every QP's timers runs only once the earliest deadline is due (drives
             // lower `next_timer` whenever they arm one): a wake-up for a packet costs nothing
             // per QP of the device.
-            let due = self.next_timer.load(Ordering::Relaxed);
+            let due = self.ep.next_timer();
             let next = if self.now() >= due {
                 if let Some(mut rx) = self.thread_rx(self.pollers_quiet()) {
                     self.drain_before_timers(&mut rx);
@@ -351,7 +280,7 @@ impl Engine {
             let wait = if watch_socket {
                 let now = self.now();
                 self.timer_watch.store(now + wait, Ordering::SeqCst);
-                let due = self.next_timer.load(Ordering::SeqCst);
+                let due = self.ep.next_timer();
                 wait.min(due.saturating_sub(now))
             } else {
                 wait
@@ -391,7 +320,7 @@ impl Engine {
                     let _ = unsafe { libc::read(fd.fd, ticks.as_mut_ptr().cast(), 8) };
                 }
             }
-            self.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
+            self.ep.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
             // Receive only when it is this thread's turn: always in blocking mode, and in
             // busy-poll mode once pollers have gone quiet (competing with an active poller
             // only adds lock hand-offs and reorders nothing for the better).
@@ -420,7 +349,8 @@ impl Engine {
             match self.thread_rx(pollers_quiet || spinner_turn) {
                 Some(mut rx) => {
                     // Progress without marking a poller active.
-                    self.counters
+                    self.ep
+                        .counters
                         .thread_receives
                         .fetch_add(1, Ordering::Relaxed);
                     // Standing in for a memory spinner, the thread holds acknowledgements
@@ -450,7 +380,8 @@ impl Engine {
                         } else if pollers_quiet && found > 0 {
                             takeovers += 1;
                             if takeovers >= SPINNER_TAKEOVERS {
-                                self.counters
+                                self.ep
+                                    .counters
                                     .spinner_watches
                                     .fetch_add(1, Ordering::Relaxed);
                                 spinner = true;
@@ -497,11 +428,7 @@ impl Engine {
 
 /// When the earliest acknowledgement held on the receive path falls due (u64::MAX: none).
 fn held_ack_due(rx: &RxState) -> u64 {
-    if rx.work.pending.is_empty() {
-        u64::MAX
-    } else {
-        rx.work.pending_due
-    }
+    rx.work.held_ack_due().unwrap_or(u64::MAX)
 }
 
 /// Start the engine thread.

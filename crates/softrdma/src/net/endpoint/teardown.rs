@@ -1,10 +1,11 @@
-//! Invalidation of a region in use: the engine tears down every QP using it (seed 001: "the
+//! Invalidation of a region in use: the endpoint tears down every QP using it (seed 001: "the
 //! RDMA Device driver [...] could probably declare an access violation and tear all the
 //! connections using it down") and tells the application.
 //!
-//! Two reports reach the engine from the memory table. An invalidation (from the watcher
-//! thread, or from the thread whose access found the memory gone) is queued and the engine
-//! thread kicked; that thread then, with no lock held, locks each QP in turn and asks the
+//! Two reports reach the device from the memory table (the engine routes them here,
+//! [`Engine::watch_invalidations`](crate::net::Engine::watch_invalidations)). An invalidation
+//! (from the watcher thread, or from the thread whose access found the memory gone) is queued
+//! and the driver woken; the driver then, with no lock held, locks each QP in turn and asks the
 //! transport whether it uses the region ([`Qp::uses_region`](crate::rc::Qp::uses_region)).
 //! Those that do get [`Qp::access_violation`](crate::rc::Qp::access_violation) and are driven
 //! at once, so that the NAK ending a message in progress leaves and the flushed completions
@@ -14,42 +15,26 @@
 //! [`AsyncEvent::QpAccessError`].
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError, Weak};
+use std::sync::PoisonError;
 
-use super::{Engine, QpCell};
+use super::{Endpoint, EndpointIo, QpCell};
 use crate::mem::Invalidation;
 use crate::net::async_event::AsyncEvent;
 use crate::rc::QpState;
 
 /// What the memory table reported.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Gone {
+pub(crate) enum Gone {
     /// A region became unusable.
     Region(Invalidation),
     /// QP `qpn`'s access through `key` met an invalidated key or vanished memory.
     Access { qpn: u32, key: u32 },
 }
 
-impl Engine {
-    /// Route the memory table's invalidations and access violations to this engine.
-    pub fn watch_invalidations(self: &Arc<Self>) {
-        let (a, b): (Weak<Engine>, Weak<Engine>) = (Arc::downgrade(self), Arc::downgrade(self));
-        self.mem.set_device_notify(
-            Some(Arc::new(move |inv: Invalidation| {
-                if let Some(e) = a.upgrade() {
-                    e.note_gone(Gone::Region(inv));
-                }
-            })),
-            Some(Arc::new(move |qpn, key| {
-                if let Some(e) = b.upgrade() {
-                    e.note_gone(Gone::Access { qpn, key });
-                }
-            })),
-        );
-    }
-
-    /// Queue `g` for the engine thread and wake it. Takes no QP lock (the caller may hold one).
-    fn note_gone(&self, g: Gone) {
+impl Endpoint {
+    /// Queue `g` for the driver's next [`Endpoint::tear_down_users`] (the caller wakes it).
+    /// Takes no QP lock (the caller may hold one).
+    pub(crate) fn note_gone(&self, g: Gone) {
         let mut q = self
             .invalidated
             .lock()
@@ -60,13 +45,17 @@ impl Engine {
         }
         drop(q);
         self.invalidations_pending.store(true, Ordering::Release);
-        self.kick_thread();
+    }
+
+    /// True when invalidations wait for [`Endpoint::tear_down_users`].
+    pub fn invalidations_pending(&self) -> bool {
+        self.invalidations_pending.load(Ordering::Relaxed)
     }
 
     /// Tear down the QPs using each region invalidated since the last call, and report the
     /// QPs an access violation ended; returns how many QPs this moved to the error state.
-    /// Called by the engine thread with no lock held.
-    pub fn tear_down_users(&self) -> usize {
+    /// Called by the driver with no lock held.
+    pub fn tear_down_users(&self, io: &impl EndpointIo) -> usize {
         if !self.invalidations_pending.swap(false, Ordering::AcqRel) {
             return 0;
         }
@@ -79,7 +68,7 @@ impl Engine {
         let mut torn = 0;
         for g in gone {
             match g {
-                Gone::Region(inv) => torn += self.tear_down_region(inv),
+                Gone::Region(inv) => torn += self.tear_down_region(inv, io),
                 Gone::Access { qpn, key } => {
                     let cell = self
                         .qps
@@ -100,7 +89,7 @@ impl Engine {
         torn
     }
 
-    fn tear_down_region(&self, inv: Invalidation) -> usize {
+    fn tear_down_region(&self, inv: Invalidation, io: &impl EndpointIo) -> usize {
         self.events.push(AsyncEvent::RegionInvalidated {
             lkey: inv.lkey,
             cause: inv.cause,
@@ -126,7 +115,7 @@ impl Engine {
                 nak,
                 "QP used an invalidated region"
             );
-            self.drive(&cell, &mut body, self.now());
+            self.drive(&cell, &mut body, io.now(), io);
             drop(body);
             torn += 1;
             self.report_violation(&cell, inv.lkey);

@@ -1,15 +1,23 @@
-//! The send side of the engine: driving a QP's transport into its transmit batch (requests,
-//! answers a budget at a time, held acknowledgements), the pending-transmit queue, moving
-//! completions to the CQs, and the ICRC fix-ups of GSO segments.
+//! The send side of the endpoint: driving a QP's transport into its transmit batch
+//! (requests, answers a budget at a time, held acknowledgements), the pending-transmit queue,
+//! moving completions to the CQs, and the ICRC fix-ups of GSO segments.
 
-use super::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-impl Engine {
+use super::{Endpoint, EndpointIo, QpBody, QpCell, RESPONSE_BUDGET, RxWork};
+use crate::mem::MemoryTable;
+use crate::net::udp::TxBatch;
+use crate::rc::QpType;
+use crate::wire::{ICRC_LEN, IdDeltas};
+
+impl Endpoint {
     /// Transmit whatever `cell`'s transport has ready (answers up to [`RESPONSE_BUDGET`], the
     /// rest later from the pending-transmit queue) and move its completions to the CQs.
     /// Called with the QP locked, after every post, packet and timeout.
-    pub fn drive(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64) {
-        self.drive_inner(cell, body, now, false);
+    pub fn drive(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64, io: &impl EndpointIo) {
+        self.drive_inner(cell, body, now, false, io);
     }
 
     /// [`Engine::drive`]; with `defer_acks`, plain acknowledgements are held back (the
@@ -22,6 +30,7 @@ impl Engine {
         body: &mut QpBody,
         now: u64,
         defer_acks: bool,
+        io: &impl EndpointIo,
     ) -> Option<u64> {
         body.deferred = 0;
         // A UD QP has no peer: each datagram goes where its work request says.
@@ -30,7 +39,7 @@ impl Engine {
             // A held acknowledgement stays held through this drive's requests, and so does a
             // new one in busy-poll mode.
             let hold = defer_acks || body.held_ack.since.is_some();
-            let sent = self.build(body, dst, now, hold);
+            let sent = self.build(body, dst, now, hold, io);
             // Requests and answers go first. Outside packet handling (a post, a timer), a
             // held ACK goes out behind them in the same system call, as the last (shorter)
             // GSO segment of their datagram where GSO is on: the peer may be waiting for it (a
@@ -41,14 +50,14 @@ impl Engine {
             // after the application has seen what arrived.
             if !defer_acks && body.held_ack.since.is_some() && (sent > 0 || body.held_ack.due(now))
             {
-                self.build(body, dst, now, false);
+                self.build(body, dst, now, false, io);
             }
-            self.flush(&mut body.tx);
+            self.flush(&mut body.tx, io);
             body.held_ack.note(body.qp.holds_ack(), now);
-            self.queue_if_left(cell, body);
+            self.queue_if_left(cell, body, io);
         }
         self.drain_completions(cell, body);
-        self.publish_deadline(cell, body);
+        self.publish_deadline(cell, body, io);
         body.held_ack.due_at()
     }
 
@@ -56,12 +65,13 @@ impl Engine {
     /// leaving a lone positive acknowledgement queued with `hold_ack`; the caller flushes.
     /// Without `dst` (UD), each datagram goes where its work request says. Returns the
     /// packets built.
-    pub(super) fn build(
+    fn build(
         &self,
         body: &mut QpBody,
         dst: Option<SocketAddr>,
         now: u64,
         hold_ack: bool,
+        io: &impl EndpointIo,
     ) -> usize {
         let QpBody {
             qp,
@@ -99,7 +109,7 @@ impl Engine {
             };
             let v4 = to.is_ipv4();
             if !tx.has_room(max) {
-                self.flush(tx);
+                self.flush(tx, io);
             }
             // Request and READ response payloads from memory the engine keeps alive are
             // lent, not copied: the kernel copies them from the region during the send.
@@ -125,7 +135,7 @@ impl Engine {
                     if tx.is_empty() {
                         break; // cannot happen: an empty batch has room for a packet
                     }
-                    self.flush(tx);
+                    self.flush(tx, io);
                 }
             }
         }
@@ -137,95 +147,43 @@ impl Engine {
         built_n
     }
 
-    /// Work requests were just posted to the (locked) QP: transmit them, or, in busy-poll
-    /// mode while the QP has packets in flight and the application polls, leave them for its
-    /// next poll (the doorbell of a NIC that batches them), up to `DOORBELL_MAX` posts. Only
-    /// posts that `may_wait`: one-sided requests (WRITE, READ, atomics); a SEND or WRITE with
-    /// immediate consumes a receive the peer reposts as it polls, and a burst of them can
-    /// outrun it (UCX keeps few: each SEND beyond drew an RNR NAK and a wait). An
-    /// application that posts one request per call in a poll loop (perftest) so sends them
-    /// several to a system call instead of one. The QP joins the pending-transmit queue, which
-    /// every poll serves first. Returns true when the caller must kick the engine thread
-    /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread then looks at
-    /// the queue every DOORBELL_GRACE (doubling up to DOORBELL_NAP_MAX while posts keep being
-    /// left and polled) until it is empty and no post was left since (posts meanwhile do not
-    /// wake it again), and sends what is left once no application thread has polled for
-    /// DOORBELL_GRACE,
-    /// so that an application that stops polling (waiting on memory for the peer's answer)
-    /// is not left waiting for its requests.
-    #[must_use]
-    pub fn post_done(
-        &self,
-        cell: &Arc<QpCell>,
-        body: &mut QpBody,
-        now: u64,
-        may_wait: bool,
-    ) -> bool {
-        if self.mode == PollMode::BusyPoll
-            && may_wait
-            && body.deferred < DOORBELL_MAX
-            && body.peer.is_some()
-            && body.qp.requests_outstanding()
-            && !self.quiet_for(now, POLLER_ACTIVE)
-        {
-            body.deferred += 1;
-            self.counters.posts_deferred.fetch_add(1, Ordering::Relaxed);
-            if !body.tx_queued {
-                body.tx_queued = true;
-                let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
-                q.push_back(Arc::clone(cell));
-                self.tx_pending_len.fetch_add(1, Ordering::SeqCst);
-            }
-            // The engine thread already watches the queue, or is to be woken to watch it.
-            return !self.doorbell_watch.swap(true, Ordering::SeqCst);
-        }
-        self.drive(cell, body, now);
-        false
-    }
-
-    /// Wake the engine thread for posts left for a poll ([`Engine::post_done`] said so).
-    pub fn kick_for_doorbell(&self) {
-        self.kick_thread();
-    }
-
     /// Answers left over (a drive spent its budget): the engine serves them later.
-    pub(super) fn queue_if_left(&self, cell: &Arc<QpCell>, body: &mut QpBody) {
+    fn queue_if_left(&self, cell: &Arc<QpCell>, body: &mut QpBody, io: &impl EndpointIo) {
         if body.qp.has_response_work() && !body.qp.holds_ack() && !body.tx_queued {
             body.tx_queued = true;
-            self.queue_transmit(cell);
+            self.queue_transmit(cell, io);
         }
     }
 
-    /// Put a QP with answers left over into the pending-transmit queue, and wake the engine
-    /// thread if it may be asleep (the queue was empty).
-    pub(super) fn queue_transmit(&self, cell: &Arc<QpCell>) {
+    /// Put a QP with answers left over into the pending-transmit queue, and wake the driver
+    /// if it may be asleep (the queue was empty).
+    fn queue_transmit(&self, cell: &Arc<QpCell>, io: &impl EndpointIo) {
         let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
         q.push_back(Arc::clone(cell));
         let was_empty = self.tx_pending_len.fetch_add(1, Ordering::Release) == 0;
         drop(q);
         if was_empty {
-            self.kick_thread();
+            io.wake();
         }
     }
 
-    /// The engine thread's look at posts left for a poll: true while they are waiting or were
-    /// left since its last look (`seen`: the count of posts left then; it keeps watching),
-    /// false once the queue is empty and no post was left since (the next post left wakes it
-    /// again). A queue the poller keeps emptying is watched without a kick per burst.
-    pub(super) fn doorbell_watch_on(&self, seen: &mut u64) -> bool {
-        if !self.doorbell_watch.load(Ordering::SeqCst) {
-            return false;
+    /// Put a QP whose posts wait for their doorbell into the pending-transmit queue (once),
+    /// counting the post in `posts_deferred`; the driver sends them on its next pass
+    /// ([`Engine::post_done`](crate::net::Engine::post_done) decides when a post waits).
+    pub fn defer_post(&self, cell: &Arc<QpCell>, body: &mut QpBody) {
+        body.deferred += 1;
+        self.counters.posts_deferred.fetch_add(1, Ordering::Relaxed);
+        if !body.tx_queued {
+            body.tx_queued = true;
+            let mut q = self.tx_pending.lock().unwrap_or_else(|e| e.into_inner());
+            q.push_back(Arc::clone(cell));
+            self.tx_pending_len.fetch_add(1, Ordering::SeqCst);
         }
-        let left = self.counters.posts_deferred.load(Ordering::Relaxed);
-        if self.tx_pending_len.load(Ordering::SeqCst) > 0 || left != *seen {
-            *seen = left;
-            return true;
-        }
-        self.doorbell_watch.store(false, Ordering::SeqCst);
-        // A post left between the look and the store saw the watch on and did not kick: take
-        // the watch back (if another post kicked meanwhile, the kick brings the thread back).
-        self.tx_pending_len.load(Ordering::SeqCst) > 0
-            && !self.doorbell_watch.swap(true, Ordering::SeqCst)
+    }
+
+    /// QPs waiting in the pending-transmit queue.
+    pub fn pending_transmit_len(&self) -> usize {
+        self.tx_pending_len.load(Ordering::SeqCst)
     }
 
     /// True when QPs wait in the pending-transmit queue.
@@ -237,7 +195,7 @@ impl Engine {
     /// [`RESPONSE_BUDGET`] answers and goes to the back of the queue if it has more. A QP
     /// whose lock is taken (being driven elsewhere) waits for the next round. Returns the QPs
     /// served.
-    pub fn serve_pending_transmit(&self) -> usize {
+    pub fn serve_pending_transmit(&self, io: &impl EndpointIo) -> usize {
         let n = self.tx_pending_len.load(Ordering::Acquire);
         let mut served = 0;
         for _ in 0..n {
@@ -257,23 +215,22 @@ impl Engine {
                 }
             };
             body.tx_queued = false;
-            let now = self.now();
-            self.drive(&cell, &mut body, now);
+            self.drive(&cell, &mut body, io.now(), io);
             served += 1;
         }
         served
     }
 
     /// Send the QP's held acknowledgement (and whatever else it has ready) now.
-    pub(super) fn release_ack(&self, body: &mut QpBody, now: u64) {
+    fn release_ack(&self, body: &mut QpBody, now: u64, io: &impl EndpointIo) {
         if body.peer.is_some() {
-            self.build(body, body.peer, now, false);
-            self.flush(&mut body.tx);
+            self.build(body, body.peer, now, false, io);
+            self.flush(&mut body.tx, io);
         }
         body.held_ack.note(body.qp.holds_ack(), now);
         // Requests built with it arm the retransmission timer (the QP's own deadline is
         // published when it is unlocked).
-        self.timers_changed(body.qp.poll_timeout());
+        self.timers_changed(body.qp.poll_timeout(), io);
     }
 
     /// Move a QP's completions to its CQs without transmitting (after a post that cannot
@@ -296,21 +253,21 @@ impl Engine {
 
     /// Send the QP's held acknowledgement, and the one of requests executed without AckReq,
     /// now (before the QP goes away: its peer is waiting for them).
-    pub fn flush_held(&self, body: &mut QpBody) {
+    pub fn flush_held(&self, body: &mut QpBody, io: &impl EndpointIo) {
         body.qp.ack_now();
-        self.release_ack(body, self.now());
+        self.release_ack(body, io.now(), io);
     }
 
     /// Send held acknowledgements that are due (all of them with `all`); QPs still holding
     /// one stay on the list.
-    pub(super) fn flush_pending(&self, rx: &mut RxState, all: bool) {
-        if !rx.work.pending.is_empty() {
-            self.flush_pending_at(rx, all, self.now());
+    pub fn flush_pending(&self, w: &mut RxWork, all: bool, io: &impl EndpointIo) {
+        if !w.pending.is_empty() {
+            self.flush_pending_at(w, all, io.now(), io);
         }
     }
 
-    pub(super) fn flush_pending_at(&self, rx: &mut RxState, all: bool, now: u64) {
-        let w = &mut rx.work;
+    /// [`Endpoint::flush_pending`] at `now`.
+    pub fn flush_pending_at(&self, w: &mut RxWork, all: bool, now: u64, io: &impl EndpointIo) {
         if w.pending.is_empty() || (!all && now < w.pending_due) {
             return;
         }
@@ -318,9 +275,9 @@ impl Engine {
         w.pending.retain(|cell| {
             let mut body = cell.lock();
             if all || body.held_ack.due(now) {
-                self.release_ack(&mut body, now);
-                self.publish_deadline(cell, &body);
-                self.queue_if_left(cell, &mut body);
+                self.release_ack(&mut body, now, io);
+                self.publish_deadline(cell, &body, io);
+                self.queue_if_left(cell, &mut body, io);
             }
             next = next.min(body.held_ack.due_at().unwrap_or(u64::MAX));
             body.held_ack.since.is_some()
@@ -328,12 +285,12 @@ impl Engine {
         w.pending_due = next;
     }
 
-    pub(super) fn flush(&self, tx: &mut TxBatch) {
+    fn flush(&self, tx: &mut TxBatch, io: &impl EndpointIo) {
         if tx.is_empty() {
             return;
         }
         let (d, p) = (tx.len() as u64, tx.packets() as u64);
-        match self.port.send(tx) {
+        match io.send(tx) {
             Ok(_) => {
                 self.counters.tx_datagrams.fetch_add(d, Ordering::Relaxed);
                 self.counters.tx_packets.fetch_add(p, Ordering::Relaxed);
@@ -350,7 +307,7 @@ impl Engine {
 /// Give a packet of `wire` bytes (a whole UDP payload) the ICRC for IPv4 identification
 /// `id`; `pkt` holds its last bytes, the ICRC among them (the packet's bytes in the transmit
 /// arena: all of them, or the tail behind a lent payload).
-pub(super) fn fix_icrc_for_id(deltas: &mut IdDeltas, pkt: &mut [u8], wire: usize, id: u16) {
+pub fn fix_icrc_for_id(deltas: &mut IdDeltas, pkt: &mut [u8], wire: usize, id: u16) {
     let n = pkt.len();
     if n < ICRC_LEN || wire < n {
         return;

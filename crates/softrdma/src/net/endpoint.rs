@@ -1,0 +1,233 @@
+//! The device core, sans-IO: everything a device does with packets except moving them.
+//!
+//! An [`Endpoint`] owns the QP table and demultiplexing, the peer check, ICRC verification
+//! with IPv4-identification solving, the acknowledgement policy, the transmit loop (building
+//! each QP's packets into its [`TxBatch`], lending payloads, fixing the ICRCs of GSO
+//! segments), the pending-transmit queue, the timer scan and the events (completions to the
+//! CQs, SRQ limits, access violations). It reads no clock and owns no socket: time comes in
+//! as an argument, and batches go out through an [`EndpointIo`] its driver passes to every
+//! call that may send. The engine ([`crate::net::Engine`]) is one driver: a UDP socket or a
+//! memory network's port, a real or virtual clock, a thread and the polling heuristics.
+//!
+//! The code: this file holds the endpoint and its QP table; `qp.rs` a QP as the endpoint
+//! holds it; `receive.rs` verification, demultiplexing and the peer check; `transmit.rs`
+//! driving a QP's transport into its batch, the pending-transmit queue and held
+//! acknowledgements; `timers.rs` the timer scan; `teardown.rs` the QPs an invalidated region
+//! ends.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::async_event::AsyncEvents;
+use super::counters::EngineCounters;
+use super::udp::TxBatch;
+use crate::mem::MemoryTable;
+use crate::wire::{IcrcContext, IcrcPrefix, IdDeltas, IpHeader};
+
+mod qp;
+mod receive;
+mod teardown;
+mod timers;
+mod transmit;
+
+pub use qp::{QpBody, QpCell, QpGuard, SrqCore, SrqLimitHook, qp_tx_batch};
+pub(crate) use teardown::Gone;
+pub use transmit::fix_icrc_for_id;
+
+/// Answers (READ response packets, acknowledgements) a QP sends per drive at most: a READ
+/// response stream of up to 2 GiB (16 of them outstanding) is sent a slice at a time, the
+/// rest from the endpoint's pending-transmit queue, round-robin with the device's other QPs
+/// and with receiving, so that no drive holds the receive path or a QP lock for long.
+/// 64 packets are 256 KiB at a 4096-byte MTU, about 50-100 us of copying here.
+pub const RESPONSE_BUDGET: usize = 64;
+
+/// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
+pub const ACK_DELAY: u64 = 15_000;
+
+/// After a scan of the QPs' timers, the next waits at least this long per QP of the device
+/// (ns).
+const TIMER_SLACK_PER_QP: u64 = 50;
+
+/// With no timer pending, the QPs' timers are looked at again after this long: a safety net
+/// only, since arming a timer lowers the device's next deadline (and wakes the driver when it
+/// sleeps past it).
+const TIMER_SCAN: u64 = 50_000_000;
+
+/// What an endpoint needs from its driver: the clock, a way to send, and a way to be called
+/// back. Passed to every endpoint call that may send or queue work, so that the endpoint
+/// itself does no I/O (a test drives it with a recording sink and a hand-set clock).
+pub trait EndpointIo {
+    /// The clock (ns), read where one call spans much work (serving the pending-transmit
+    /// queue, a timer scan).
+    fn now(&self) -> u64;
+    /// Send a batch's datagrams; the batch is empty afterwards, sent or not (the transport
+    /// recovers lost packets).
+    fn send(&self, tx: &mut TxBatch) -> io::Result<()>;
+    /// Work was queued that a later pass serves (answers left over, a region to tear down):
+    /// a driver asleep should wake.
+    fn wake(&self);
+    /// The device's earliest deadline fell to `t` (engine clock): a driver asleep past it
+    /// should wake.
+    fn deadline_lowered(&self, t: u64);
+}
+
+/// What the receive path keeps between packets (the driver holds it under its receive lock,
+/// so that one QP's packets are handled in arrival order).
+#[derive(Debug)]
+pub struct RxWork {
+    deltas: IdDeltas,
+    /// The ICRC headers of the last sender seen (most datagrams come from the same peer).
+    icrc: Option<(SocketAddr, IcrcPrefix)>,
+    /// QPs holding an acknowledgement back (until the end of a receive batch; in busy-poll
+    /// mode up to ACK_DELAY).
+    pending: Vec<Arc<QpCell>>,
+    /// No acknowledgement of `pending` is due before this (engine clock), so a poll that
+    /// finds nothing need not look at them.
+    pending_due: u64,
+    /// The QP the last packet was for, with the QP table's generation when it was looked
+    /// up (valid while the table has not changed since).
+    last_qp: Option<(u64, Arc<QpCell>)>,
+}
+
+impl Default for RxWork {
+    fn default() -> RxWork {
+        RxWork {
+            deltas: IdDeltas::default(),
+            icrc: None,
+            pending: Vec::with_capacity(64),
+            pending_due: u64::MAX,
+            last_qp: None,
+        }
+    }
+}
+
+impl RxWork {
+    /// When the earliest acknowledgement held on this receive path falls due (None: none is
+    /// held).
+    pub fn held_ack_due(&self) -> Option<u64> {
+        (!self.pending.is_empty()).then_some(self.pending_due)
+    }
+
+    /// Let go of the cached QP (it may have left the table).
+    pub fn forget_last_qp(&mut self) {
+        self.last_qp = None;
+    }
+}
+
+/// One device's core: its QPs and what they share.
+#[derive(Debug)]
+pub struct Endpoint {
+    local: SocketAddr,
+    mem: Arc<MemoryTable>,
+    gso: bool,
+    qps: RwLock<HashMap<u32, Arc<QpCell>>>,
+    /// Bumped on every change of `qps` (invalidates the receive path's cached QP).
+    qp_gen: AtomicU64,
+    /// When the QPs' timers are next looked at (ns on the engine clock): the earliest
+    /// deadline, or a rescan interval when none is pending.
+    next_timer: AtomicU64,
+    /// QPs with answers left over from a drive that spent its budget, or posts left for a
+    /// poll, served a budget at a time, round-robin, by whoever drives the device.
+    tx_pending: Mutex<VecDeque<Arc<QpCell>>>,
+    /// `tx_pending`'s length (read without the lock).
+    tx_pending_len: AtomicUsize,
+    /// Regions invalidated, waiting for the driver to tear down their users.
+    invalidated: Mutex<Vec<Gone>>,
+    invalidations_pending: AtomicBool,
+    /// Asynchronous events for the application.
+    pub events: AsyncEvents,
+    /// Counters.
+    pub counters: EngineCounters,
+}
+
+impl Endpoint {
+    /// An endpoint for a device bound to `local`, sending GSO datagrams when `gso` is set.
+    pub fn new(local: SocketAddr, mem: Arc<MemoryTable>, gso: bool) -> Endpoint {
+        Endpoint {
+            local,
+            mem,
+            gso,
+            qps: RwLock::new(HashMap::new()),
+            qp_gen: AtomicU64::new(0),
+            next_timer: AtomicU64::new(0),
+            tx_pending: Mutex::new(VecDeque::new()),
+            tx_pending_len: AtomicUsize::new(0),
+            invalidated: Mutex::new(Vec::new()),
+            invalidations_pending: AtomicBool::new(false),
+            events: AsyncEvents::default(),
+            counters: EngineCounters::default(),
+        }
+    }
+
+    /// The local address.
+    pub fn local_ip(&self) -> IpAddr {
+        self.local.ip()
+    }
+
+    /// The memory table.
+    pub fn mem(&self) -> &Arc<MemoryTable> {
+        &self.mem
+    }
+
+    /// The IP/UDP context for packets from this device to `peer` from UDP port `src_port`.
+    pub fn path_to(&self, peer: IpAddr, src_port: u16) -> IcrcContext {
+        match (self.local.ip(), peer) {
+            (IpAddr::V4(l), IpAddr::V4(p)) => IcrcContext::v4(l, p, src_port),
+            (IpAddr::V6(l), IpAddr::V6(p)) => IcrcContext::v6(l, p, src_port),
+            (IpAddr::V6(l), IpAddr::V4(p)) => IcrcContext::v6(l, p.to_ipv6_mapped(), src_port),
+            (IpAddr::V4(l), IpAddr::V6(p)) => match p.to_ipv4_mapped() {
+                Some(p4) => IcrcContext::v4(l, p4, src_port),
+                None => IcrcContext::v6(l.to_ipv6_mapped(), p, src_port),
+            },
+        }
+    }
+
+    /// The socket address an address vector sends to (an IPv4-mapped IPv6 destination is
+    /// reached over IPv4 from an IPv4 device).
+    pub fn av_dest(&self, av: &IcrcContext) -> SocketAddr {
+        let ip = match av.ip {
+            IpHeader::V4 { dst, .. } => IpAddr::V4(dst),
+            IpHeader::V6 { dst, .. } => match dst.to_ipv4_mapped() {
+                Some(v4) if self.local.is_ipv4() => IpAddr::V4(v4),
+                _ => IpAddr::V6(dst),
+            },
+        };
+        SocketAddr::new(ip, av.dst_port)
+    }
+
+    /// Register a QP for demultiplexing.
+    pub fn add_qp(&self, cell: Arc<QpCell>) {
+        cell.lock().tx.set_gso(self.gso);
+        let mut qps = self.qps.write().unwrap_or_else(|e| e.into_inner());
+        qps.insert(cell.qpn, cell);
+        self.qp_gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Forget a QP (a receive path's cached reference to it goes at its next packet, or
+    /// with [`RxWork::forget_last_qp`]).
+    pub fn remove_qp(&self, qpn: u32) -> Option<Arc<QpCell>> {
+        let mut qps = self.qps.write().unwrap_or_else(|e| e.into_inner());
+        let cell = qps.remove(&qpn);
+        self.qp_gen.fetch_add(1, Ordering::Release);
+        cell
+    }
+
+    /// QPs registered.
+    pub fn qp_count(&self) -> usize {
+        self.qps.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True if a QP with this number exists.
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&qpn)
+    }
+}
+
+#[cfg(test)]
+mod tests;
