@@ -12,8 +12,8 @@ pub mod udp;
 
 pub use async_event::{ASYNC_EVENT_QUEUE, AsyncEvent, AsyncEventHook, AsyncEvents};
 pub use clock::Clock;
-pub use cq::{ChannelCore, CqCore};
 pub use counters::EngineCounters;
+pub use cq::{ChannelCore, CqCore};
 pub use endpoint::{Endpoint, EndpointIo, QpBody, QpCell, QpGuard, RxWork, SrqCore};
 pub use engine::{Engine, PollMode};
 pub use port::{Datagram, MemoryNet, MemoryPort, Port};

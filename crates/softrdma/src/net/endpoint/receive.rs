@@ -142,11 +142,7 @@ impl Endpoint {
 
     /// The QP with this number (counted when there is none): `last` when it is that QP and
     /// the table has not changed since it was looked up.
-    fn find_qp(
-        &self,
-        qpn: u32,
-        last: &mut Option<(u64, Arc<QpCell>)>,
-    ) -> Option<Arc<QpCell>> {
+    fn find_qp(&self, qpn: u32, last: &mut Option<(u64, Arc<QpCell>)>) -> Option<Arc<QpCell>> {
         if let Some((generation, cell)) = last.as_ref()
             && cell.qpn == qpn
             && *generation == self.qp_gen.load(Ordering::Acquire)

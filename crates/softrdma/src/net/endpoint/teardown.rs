@@ -14,8 +14,8 @@
 //! reported too once it is in the error state. Either way each QP gets one
 //! [`AsyncEvent::QpAccessError`].
 
-use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
 
 use super::{Endpoint, EndpointIo, QpCell};
 use crate::mem::Invalidation;

@@ -69,7 +69,6 @@ impl Engine {
         self.doorbell_watch.store(false, Ordering::SeqCst);
         // A post left between the look and the store saw the watch on and did not kick: take
         // the watch back (if another post kicked meanwhile, the kick brings the thread back).
-        self.ep.pending_transmit_len() > 0
-            && !self.doorbell_watch.swap(true, Ordering::SeqCst)
+        self.ep.pending_transmit_len() > 0 && !self.doorbell_watch.swap(true, Ordering::SeqCst)
     }
 }

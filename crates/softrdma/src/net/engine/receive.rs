@@ -143,7 +143,8 @@ impl Engine {
             // for); in a stream that never leaves the socket empty, acknowledgements go out
             // once overdue by another ACK_DELAY.
             let slack = if done > 0 { ACK_DELAY } else { 0 };
-            self.ep.flush_pending_at(&mut rx.work, false, now.saturating_sub(slack), self);
+            self.ep
+                .flush_pending_at(&mut rx.work, false, now.saturating_sub(slack), self);
         }
         if done > 0 {
             self.ep
@@ -160,7 +161,10 @@ impl Engine {
     /// without the socket, for tests and fuzzing. Returns the packets the datagram held.
     pub fn handle_received(&self, now: u64, d: &Received<'_>) -> usize {
         let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        self.ep.counters.rx_datagrams.fetch_add(1, Ordering::Relaxed);
+        self.ep
+            .counters
+            .rx_datagrams
+            .fetch_add(1, Ordering::Relaxed);
         let done = self.ep.handle_datagram(now, d, &mut rx.work, self);
         self.ep.flush_pending_at(&mut rx.work, true, now, self);
         self.ep

@@ -320,7 +320,10 @@ impl Engine {
                     let _ = unsafe { libc::read(fd.fd, ticks.as_mut_ptr().cast(), 8) };
                 }
             }
-            self.ep.counters.thread_wakeups.fetch_add(1, Ordering::Relaxed);
+            self.ep
+                .counters
+                .thread_wakeups
+                .fetch_add(1, Ordering::Relaxed);
             // Receive only when it is this thread's turn: always in blocking mode, and in
             // busy-poll mode once pollers have gone quiet (competing with an active poller
             // only adds lock hand-offs and reorders nothing for the better).
