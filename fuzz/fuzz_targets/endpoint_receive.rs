@@ -1,10 +1,11 @@
-//! The device's receive path (`Engine::handle_received`): datagrams of up to eight packets,
+//! The device core's receive path (`Endpoint::handle_datagram`): datagrams of up to eight packets,
 //! as GRO hands them over, from the connected peers, from a connected peer's IP on another
 //! UDP port, and from a stranger, with every kind of ICRC (softrdma's GSO numbering, zero, an
 //! identification to solve, corrupted), for two connected QPs, one never connected, and QP
 //! numbers nobody has; QPs removed from and put back into the device between datagrams; WRITEs
-//! posted so that forged acknowledgements and READ responses meet outstanding work. The engine
-//! sends through a real socket on loopback to sockets of the harness.
+//! posted so that forged acknowledgements and READ responses meet outstanding work. The
+//! endpoint runs without an engine: its driver here records what it sends, addressed to the
+//! harness's peers, and its clock is the input's.
 //!
 //! Invariants, checked after every step:
 //! - nothing is ever sent to the stranger or to the peer's IP on another port; what each peer
@@ -21,13 +22,14 @@
 //! - send completions never outnumber WRs posted; no panic.
 #![no_main]
 
+use std::cell::{Cell, RefCell};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use softrdma::mem::{Access, MemConfig, MemSource, MemoryTable, PinMode, RawCopy, WatchMode};
-use softrdma::net::{CqCore, Engine, PollMode, PortOptions, QpCell, Received, RxBatch, UdpPort};
+use softrdma::net::{CqCore, Endpoint, EndpointIo, QpCell, Received, RxWork, TxBatch};
 use softrdma::rc::{
     Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, RecvWr, SendFlags, SendWr, Sge, WrOpcode,
 };
@@ -198,25 +200,36 @@ enum Step {
     Serve,
 }
 
-struct Sock {
-    port: UdpPort,
-    addr: SocketAddr,
+/// What the device sent: destination, bytes, segment size.
+type Sent = Vec<(SocketAddr, Vec<u8>, usize)>;
+
+/// The endpoint's driver: the input's clock, and a record of what it sent.
+#[derive(Default)]
+struct Recorder {
+    now: Cell<u64>,
+    sent: RefCell<Sent>,
 }
 
-impl Sock {
-    fn bind(ip: Ipv4Addr) -> Sock {
-        let port = UdpPort::bind(SocketAddr::from((ip, 0)), PortOptions::default()).unwrap();
-        port.set_nonblocking(true).unwrap();
-        let addr = port.local_addr();
-        Sock { port, addr }
+impl EndpointIo for Recorder {
+    fn now(&self) -> u64 {
+        self.now.get()
     }
+
+    fn send(&self, tx: &mut TxBatch) -> std::io::Result<()> {
+        self.sent.borrow_mut().extend(tx.take_datagrams());
+        Ok(())
+    }
+
+    fn wake(&self) {}
+
+    fn deadline_lowered(&self, _: u64) {}
 }
 
-/// What every input shares (set up once per process: sockets and a memory table are slow to
-/// make): the device's engine and memory, the regions in one host buffer, the harness's
-/// sockets. Each input gets fresh QPs and the memory's initial bytes.
+/// What every input shares (set up once per process: a memory table is slow to make): the
+/// device's endpoint and memory, the regions in one host buffer, the harness's addresses.
+/// Each input gets fresh QPs and the memory's initial bytes.
 struct Shared {
-    engine: Engine,
+    ep: Endpoint,
     /// The host buffer (leaked: the table's regions point into it for the process's life).
     host: usize,
     host_len: usize,
@@ -226,9 +239,9 @@ struct Shared {
     /// Host offset of each region, its IOVA and key.
     regions: Vec<(usize, u64, u32)>,
     pd: u32,
-    peers: [Sock; 2],
-    peer_alt: Sock,
-    stranger: Sock,
+    peers: [SocketAddr; 2],
+    peer_alt: SocketAddr,
+    stranger: SocketAddr,
 }
 
 static SHARED: std::sync::LazyLock<Shared> = std::sync::LazyLock::new(Shared::new);
@@ -274,19 +287,21 @@ impl Shared {
             at = b;
         }
         fixed.push(at..host_len);
-        let port = UdpPort::bind(SocketAddr::from((DEVICE, 0)), PortOptions::default()).unwrap();
-        let engine = Engine::new(port, Arc::clone(&mem), PollMode::Blocking, false).unwrap();
+        let ep = Endpoint::new(SocketAddr::from((DEVICE, 4791)), Arc::clone(&mem), false);
         Shared {
-            engine,
+            ep,
             host: host as usize,
             host_len,
             shadow,
             fixed,
             regions,
             pd: pds[0],
-            peers: [Sock::bind(PEER_A), Sock::bind(PEER_B)],
-            peer_alt: Sock::bind(PEER_A),
-            stranger: Sock::bind(STRANGER),
+            peers: [
+                SocketAddr::from((PEER_A, 4791)),
+                SocketAddr::from((PEER_B, 4791)),
+            ],
+            peer_alt: SocketAddr::from((PEER_A, 50_000)),
+            stranger: SocketAddr::from((STRANGER, 4791)),
         }
     }
 }
@@ -296,8 +311,8 @@ struct World {
     cells: Vec<Arc<QpCell>>,
     present: [bool; 3],
     cqs: Vec<Arc<CqCore>>,
-    rx: RxBatch,
-    now: u64,
+    io: Recorder,
+    work: RxWork,
     /// PSNs of A's request packets seen at its peer.
     sent: Vec<Psn>,
     posted: u64,
@@ -314,15 +329,14 @@ impl Drop for World {
             a.qp_state = QpState::Reset;
             let _ = b.qp.modify(&a, QpAttrMask::STATE);
             drop(b);
-            self.s.engine.remove_qp(QPNS[i]);
+            self.s.ep.remove_qp(QPNS[i]);
         }
         for _ in 0..1000 {
-            if !self.s.engine.has_pending_transmit() {
+            if !self.s.ep.has_pending_transmit() {
                 break;
             }
-            self.s.engine.serve_pending_transmit();
+            self.s.ep.serve_pending_transmit(&self.io);
         }
-        self.discard();
     }
 }
 
@@ -349,13 +363,15 @@ impl World {
             cells: Vec::new(),
             present: [true; 3],
             cqs,
-            rx: RxBatch::new(16, 2048),
-            now: 1_000_000,
+            io: Recorder {
+                now: Cell::new(1_000_000),
+                ..Recorder::default()
+            },
+            work: RxWork::default(),
             sent: Vec::new(),
             posted: 0,
             send_wcs: 0,
         };
-        w.discard();
         for (i, &qpn) in QPNS.iter().enumerate() {
             let qp = Qp::new(QpInit {
                 qp_num: qpn,
@@ -379,7 +395,7 @@ impl World {
                 Arc::clone(&w.cqs[i]),
                 None,
             ));
-            s.engine.add_qp(Arc::clone(&cell));
+            s.ep.add_qp(Arc::clone(&cell));
             w.cells.push(cell);
         }
         w.connect(0, 0x00ff_fff0);
@@ -387,21 +403,9 @@ impl World {
         w
     }
 
-    /// Read and drop whatever the harness's sockets hold.
-    fn discard(&mut self) {
-        for sock in [
-            &self.s.peers[0],
-            &self.s.peers[1],
-            &self.s.peer_alt,
-            &self.s.stranger,
-        ] {
-            while sock.port.recv(&mut self.rx).unwrap_or(0) > 0 {}
-        }
-    }
-
     /// Connect QP `i` (A or B) to its peer, receive PSN `psn`, with receives posted.
     fn connect(&mut self, i: usize, psn: u32) {
-        let peer = self.s.peers[i].addr;
+        let peer = self.s.peers[i];
         let SocketAddr::V4(p) = peer else {
             unreachable!()
         };
@@ -455,10 +459,10 @@ impl World {
 
     fn from_addr(&self, f: From) -> SocketAddr {
         match f {
-            From::PeerA => self.s.peers[0].addr,
-            From::PeerAOtherPort => self.s.peer_alt.addr,
-            From::PeerB => self.s.peers[1].addr,
-            From::Stranger => self.s.stranger.addr,
+            From::PeerA => self.s.peers[0],
+            From::PeerAOtherPort => self.s.peer_alt,
+            From::PeerB => self.s.peers[1],
+            From::Stranger => self.s.stranger,
         }
     }
 
@@ -584,7 +588,7 @@ impl World {
                             dont_fragment: true,
                         },
                         src_port: src.port(),
-                        dst_port: self.s.engine.local_addr().port(),
+                        dst_port: 4791,
                     };
                     let plen = if d.uniform { first_payload } else { None };
                     let Some(mut b) = self.packet(p, plen, &ctx) else {
@@ -613,57 +617,39 @@ impl World {
     }
 
     /// Everything sent since the last look: checked as the invariants say. Returns the
-    /// datagrams received by any socket.
+    /// datagrams sent.
     fn drain(&mut self) -> usize {
-        let mut total = 0;
-        for who in 0..4 {
-            loop {
-                let port = match who {
-                    0 | 1 => &self.s.peers[who].port,
-                    2 => &self.s.peer_alt.port,
-                    _ => &self.s.stranger.port,
-                };
-                let n = port.recv(&mut self.rx).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                total += n;
-                assert!(
-                    who < 2,
-                    "the device sent {n} datagram(s) to {}",
-                    if who == 2 {
+        let sent = std::mem::take(&mut *self.io.sent.borrow_mut());
+        for (dst, data, segment) in &sent {
+            let who = self.s.peers.iter().position(|p| p == dst);
+            let Some(who) = who else {
+                panic!(
+                    "the device sent a datagram to {}",
+                    if *dst == self.s.peer_alt {
                         "the peer's IP on another port"
                     } else {
                         "a stranger"
                     }
                 );
-                for i in 0..n {
-                    let Some(d) = self.rx.get(i) else { continue };
-                    assert_eq!(
-                        d.src,
-                        self.s.engine.local_addr(),
-                        "a datagram from someone else"
-                    );
-                    for seg in d.segments() {
-                        let p = Packet::parse(seg).expect("the device sent a malformed packet");
-                        assert_eq!(p.hdr.bth.dest_qp, PEER_QPNS[who], "sent to the wrong QP");
-                        let req = p.hdr.bth.opcode.info().is_some_and(|i| {
-                            !matches!(
-                                i.kind,
-                                OpKind::ReadResponse | OpKind::Ack | OpKind::AtomicAck
-                            )
-                        });
-                        if who == 0 && req {
-                            self.sent.push(p.hdr.bth.psn);
-                            if self.sent.len() > 64 {
-                                self.sent.remove(0);
-                            }
-                        }
+            };
+            for seg in data.chunks((*segment).max(1)) {
+                let p = Packet::parse(seg).expect("the device sent a malformed packet");
+                assert_eq!(p.hdr.bth.dest_qp, PEER_QPNS[who], "sent to the wrong QP");
+                let req = p.hdr.bth.opcode.info().is_some_and(|i| {
+                    !matches!(
+                        i.kind,
+                        OpKind::ReadResponse | OpKind::Ack | OpKind::AtomicAck
+                    )
+                });
+                if who == 0 && req {
+                    self.sent.push(p.hdr.bth.psn);
+                    if self.sent.len() > 64 {
+                        self.sent.remove(0);
                     }
                 }
             }
         }
-        total
+        sent.len()
     }
 
     fn poll_wcs(&mut self) {
@@ -707,7 +693,7 @@ impl World {
     }
 
     fn counters(&self) -> u64 {
-        let c = self.s.engine.counters();
+        let c = &self.s.ep.counters;
         use std::sync::atomic::Ordering::Relaxed;
         c.rx_bad.load(Relaxed) + c.rx_unknown_qp.load(Relaxed) + c.rx_wrong_peer.load(Relaxed)
     }
@@ -747,14 +733,22 @@ impl World {
                 let bytes_before = self.host().to_vec();
                 let dropped_before = self.counters();
                 let accepted_by_any = (0..3).any(|i| self.accepts(i, src));
-                let got = self.s.engine.handle_received(
-                    self.now,
+                // As a receive batch of one datagram in blocking mode: acknowledgements held
+                // while the datagram is handled go out at its end.
+                let now = self.io.now();
+                let got = self.s.ep.handle_datagram(
+                    now,
                     &Received {
                         src,
                         data: &data,
                         segment,
                     },
+                    &mut self.work,
+                    &self.io,
                 );
+                self.s
+                    .ep
+                    .flush_pending_at(&mut self.work, true, now, &self.io);
                 assert_eq!(got, expect, "packets counted for the datagram");
                 let after = self.snapshot();
                 let handed: u64 = before
@@ -816,7 +810,9 @@ impl World {
                 let mut body = self.cells[0].lock();
                 if body.qp.post_send(&wr).is_ok() {
                     self.posted += 1;
-                    self.s.engine.drive(&self.cells[0], &mut body, self.now);
+                    self.s
+                        .ep
+                        .drive(&self.cells[0], &mut body, self.io.now(), &self.io);
                 }
                 drop(body);
                 self.drain();
@@ -824,14 +820,15 @@ impl World {
             Step::Remove(i) => {
                 let i = usize::from(*i) % 3;
                 if self.present[i] {
-                    assert!(self.s.engine.remove_qp(QPNS[i]).is_some());
+                    assert!(self.s.ep.remove_qp(QPNS[i]).is_some());
+                    self.work.forget_last_qp();
                     self.present[i] = false;
                 }
             }
             Step::Restore(i) => {
                 let i = usize::from(*i) % 3;
                 if !self.present[i] {
-                    self.s.engine.add_qp(Arc::clone(&self.cells[i]));
+                    self.s.ep.add_qp(Arc::clone(&self.cells[i]));
                     self.present[i] = true;
                 }
             }
@@ -841,10 +838,10 @@ impl World {
                 self.drain();
             }
             Step::Advance(ns) => {
-                self.now += u64::from(*ns);
+                self.io.now.set(self.io.now() + u64::from(*ns));
             }
             Step::Serve => {
-                self.s.engine.serve_pending_transmit();
+                self.s.ep.serve_pending_transmit(&self.io);
                 self.drain();
             }
         }

@@ -164,25 +164,10 @@ impl ChannelCore {
         // may have woken for a datagram (see `watching`) whose handling fires the event.
         let mut drove = false;
         loop {
-            // The application may have made the eventfd blocking (libibverbs' channels start
-            // so): a thread that also drives the socket reads it only once it is readable. A
-            // `watching` channel hands out its epoll descriptor instead, so its eventfd stays
-            // non-blocking and is read at once.
-            if drive.is_none() || self.poll_fd.is_some() || self.readable() {
-                let mut v: u64 = 0;
-                // SAFETY: reads 8 bytes into a live u64 from our eventfd.
-                let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-                if r == 8 {
-                    let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(id) = ev.pop_front() {
-                        return Ok(Some(id));
-                    }
-                    continue;
-                }
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::WouldBlock {
-                    return Err(e);
-                }
+            match self.take_event(drive.is_some())? {
+                Take::Event(id) => return Ok(Some(id)),
+                Take::Again => continue,
+                Take::Empty => {}
             }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             if left == Some(Duration::ZERO) {
@@ -197,46 +182,77 @@ impl ChannelCore {
                 return Ok(None);
             }
             let mut ms = left.map_or(-1, |t| t.as_millis().clamp(1, i32::MAX as u128) as i32);
-            let mut p = [
-                libc::pollfd {
-                    fd: self.fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: drive.map_or(-1, |d| d.0),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
             // While a poller is active it takes the datagrams: this thread leaves the socket
             // alone (`watch_socket`) and waits for its event (a thread that waits on a CQ
             // event in its own loop, such as the CM's, would otherwise wake per datagram).
-            let nfds = if drive.is_some() && watch && self.socket_on.load(Ordering::Relaxed) {
-                2
-            } else {
-                1
-            };
+            let socket = drive
+                .filter(|_| watch && self.socket_on.load(Ordering::Relaxed))
+                .map(|d| d.0);
             if drive.is_some() && !watch {
                 ms = if ms < 0 { 1 } else { ms.min(1) };
             }
-            // SAFETY: `nfds` valid pollfds.
-            let n = unsafe { libc::poll(p.as_mut_ptr(), nfds, ms) };
-            if n < 0 {
-                // EINTR too, as `read` on libibverbs' channel gives it: a signal handler
-                // (an alarm that ends a benchmark loop) must get its caller back.
-                return Err(io::Error::last_os_error());
-            }
+            let ready = self.wait_event_or_socket(ms, socket)?;
             watch = true;
             if let Some((_, f)) = drive
-                && nfds == 2
-                && p[1].revents != 0
+                && ready
                 && f() == 0
             {
                 watch = false;
             }
         }
     }
+
+    /// Take an event if one is signalled. The application may have made the eventfd blocking
+    /// (libibverbs' channels start so): a thread that also drives the socket (`driving`)
+    /// reads it only once it is readable. A `watching` channel hands out its epoll descriptor
+    /// instead, so its eventfd stays non-blocking and is read at once.
+    fn take_event(&self, driving: bool) -> io::Result<Take> {
+        if driving && self.poll_fd.is_none() && !self.readable() {
+            return Ok(Take::Empty);
+        }
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our eventfd.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if r == 8 {
+            let mut ev = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            return Ok(ev.pop_front().map_or(Take::Again, Take::Event));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            return Err(e);
+        }
+        Ok(Take::Empty)
+    }
+
+    /// Wait up to `ms` (-1: forever) for the eventfd and, if given, the device's socket.
+    /// Returns true when the socket is readable.
+    fn wait_event_or_socket(&self, ms: i32, socket: Option<RawFd>) -> io::Result<bool> {
+        let fd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut p = [fd(self.fd.as_raw_fd()), fd(socket.unwrap_or(-1))];
+        let nfds = if socket.is_some() { 2 } else { 1 };
+        // SAFETY: `nfds` valid pollfds.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), nfds, ms) };
+        if n < 0 {
+            // EINTR too, as `read` on libibverbs' channel gives it: a signal handler (an
+            // alarm that ends a benchmark loop) must get its caller back.
+            return Err(io::Error::last_os_error());
+        }
+        Ok(socket.is_some() && p[1].revents != 0)
+    }
+}
+
+/// What a look at a channel's eventfd found.
+enum Take {
+    /// The id of a CQ that fired.
+    Event(u64),
+    /// The eventfd counted an event another reader took: look again.
+    Again,
+    /// Nothing signalled.
+    Empty,
 }
 
 static NEXT_CQ_ID: AtomicU64 = AtomicU64::new(1);

@@ -17,8 +17,8 @@
 //!   fire them.
 //!
 //! The code: this file holds the engine and its [`EndpointIo`]; `receive.rs` the progress
-//! calls and the receive loop, `doorbell.rs` posts left for a poll, `thread.rs` the engine
-//! thread and the busy-poll hand-over.
+//! calls and the receive loop, `doorbell.rs` posts left for a poll, `run.rs` the engine
+//! thread's loop, `thread.rs` the busy-poll hand-over.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -37,6 +37,7 @@ use crate::wire::IcrcContext;
 
 mod doorbell;
 mod receive;
+mod run;
 mod thread;
 
 pub use thread::spawn;

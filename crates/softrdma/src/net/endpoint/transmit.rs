@@ -100,18 +100,15 @@ impl Endpoint {
             if !answer && !qp.has_request_work() {
                 break;
             }
-            let to = match dst {
-                Some(d) => d,
-                None => match qp.next_datagram_dest() {
-                    Some(av) => self.av_dest(&av),
-                    None => break,
-                },
+            let Some(to) = dst.or_else(|| qp.next_datagram_dest().map(|av| self.av_dest(&av)))
+            else {
+                break;
             };
             let v4 = to.is_ipv4();
             if !tx.has_room(max) {
                 self.flush(tx, io);
             }
-            // Request and READ response payloads from memory the engine keeps alive are
+            // Request and READ response payloads from memory the device keeps alive are
             // lent, not copied: the kernel copies them from the region during the send.
             let built = tx.push_packet_gather(to, max, gather, |buf, g| {
                 if answers < RESPONSE_BUDGET {

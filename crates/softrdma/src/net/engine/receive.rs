@@ -5,7 +5,6 @@ use std::sync::atomic::Ordering;
 
 use super::{Engine, PollMode, RX_BATCH, RxState};
 use crate::net::endpoint::ACK_DELAY;
-use crate::net::udp::Received;
 
 impl Engine {
     /// Receive and process what is queued on the socket, if no other thread is doing so.
@@ -152,25 +151,6 @@ impl Engine {
                 .rx_packets
                 .fetch_add(done as u64, Ordering::Relaxed);
         }
-        done
-    }
-
-    /// Handle one datagram as if the socket had just delivered it from `d.src` at `now`:
-    /// verification, demultiplexing, the peer check and the transport, as for a datagram
-    /// received; acknowledgements go out at the end, as in blocking mode. The receive path
-    /// without the socket, for tests and fuzzing. Returns the packets the datagram held.
-    pub fn handle_received(&self, now: u64, d: &Received<'_>) -> usize {
-        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        self.ep
-            .counters
-            .rx_datagrams
-            .fetch_add(1, Ordering::Relaxed);
-        let done = self.ep.handle_datagram(now, d, &mut rx.work, self);
-        self.ep.flush_pending_at(&mut rx.work, true, now, self);
-        self.ep
-            .counters
-            .rx_packets
-            .fetch_add(done as u64, Ordering::Relaxed);
         done
     }
 }

@@ -392,9 +392,9 @@ impl TxBatch {
     }
 
     /// Take the queued datagrams, their pieces gathered into one buffer each (what a memory
-    /// port sends): destination, bytes and segment size (the whole length for a lone
+    /// port sends, or a test's recording [`EndpointIo`](crate::net::EndpointIo)): destination, bytes and segment size (the whole length for a lone
     /// packet). The batch is empty afterwards.
-    pub(crate) fn take_datagrams(&mut self) -> Vec<(SocketAddr, Vec<u8>, usize)> {
+    pub fn take_datagrams(&mut self) -> Vec<(SocketAddr, Vec<u8>, usize)> {
         let out = self
             .gathered()
             .into_iter()
