@@ -39,7 +39,7 @@ pub struct MemConfig {
     /// Most bytes this device may pin (on top of `RLIMIT_MEMLOCK`), `None` for no quota.
     pub pin_quota: Option<u64>,
     /// Most regions plus windows (key-table slots), at most 2^24 - 1. The key index bits the
-    /// table does not need for its slots are random salt ([`key`](super::key)): 2^16 - 1 slots
+    /// table does not need for its slots are random salt (`mem::key`): 2^16 - 1 slots
     /// leave 8 bits of salt and give keys 32 bits of entropy.
     pub max_keys: u32,
     /// Most protection domains.

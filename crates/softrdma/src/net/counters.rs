@@ -18,7 +18,7 @@ pub struct EngineCounters {
     /// Packets for an unknown QP.
     pub rx_unknown_qp: AtomicU64,
     /// Packets from an address other than the QP's peer: another IP, or another UDP source
-    /// port than the one latched (see [`QpBody::peer_src_port`]).
+    /// port than the one latched (see [`QpBody::peer_src_port`](crate::net::QpBody::peer_src_port)).
     pub rx_wrong_peer: AtomicU64,
     /// Datagrams sent (a GSO datagram counts once).
     pub tx_datagrams: AtomicU64,
@@ -30,7 +30,7 @@ pub struct EngineCounters {
     /// passing through the transmit buffer.
     pub tx_zero_copy: AtomicU64,
     /// Busy-poll mode: posts whose transmission was left for the poster's next poll
-    /// ([`Engine::post_done`]).
+    /// ([`Engine::post_done`](crate::net::Engine::post_done)).
     pub posts_deferred: AtomicU64,
     /// Times the engine thread woke up (a timer, a packet, or its waker).
     pub thread_wakeups: AtomicU64,

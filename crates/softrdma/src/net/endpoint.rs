@@ -25,6 +25,8 @@ use super::async_event::AsyncEvents;
 use super::counters::EngineCounters;
 use super::udp::TxBatch;
 use crate::mem::MemoryTable;
+pub use crate::params::{ACK_DELAY, RESPONSE_BUDGET};
+use crate::params::{TIMER_SCAN, TIMER_SLACK_PER_QP};
 use crate::wire::{IcrcContext, IcrcPrefix, IdDeltas, IpHeader};
 
 mod qp;
@@ -36,25 +38,6 @@ mod transmit;
 pub use qp::{QpBody, QpCell, QpGuard, SrqCore, SrqLimitHook, qp_tx_batch};
 pub(crate) use teardown::Gone;
 pub use transmit::fix_icrc_for_id;
-
-/// Answers (READ response packets, acknowledgements) a QP sends per drive at most: a READ
-/// response stream of up to 2 GiB (16 of them outstanding) is sent a slice at a time, the
-/// rest from the endpoint's pending-transmit queue, round-robin with the device's other QPs
-/// and with receiving, so that no drive holds the receive path or a QP lock for long.
-/// 64 packets are 256 KiB at a 4096-byte MTU, about 50-100 us of copying here.
-pub const RESPONSE_BUDGET: usize = 64;
-
-/// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
-pub const ACK_DELAY: u64 = 15_000;
-
-/// After a scan of the QPs' timers, the next waits at least this long per QP of the device
-/// (ns).
-const TIMER_SLACK_PER_QP: u64 = 50;
-
-/// With no timer pending, the QPs' timers are looked at again after this long: a safety net
-/// only, since arming a timer lowers the device's next deadline (and wakes the driver when it
-/// sleeps past it).
-const TIMER_SCAN: u64 = 50_000_000;
 
 /// What an endpoint needs from its driver: the clock, a way to send, and a way to be called
 /// back. Passed to every endpoint call that may send or queue work, so that the endpoint

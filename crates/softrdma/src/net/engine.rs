@@ -5,7 +5,7 @@
 //!
 //! * **Send path** — in the posting thread: `post_send` locks the QP, posts, and the endpoint
 //!   transmits what the transport produces straight from the QP's own
-//!   [`TxBatch`](super::TxBatch) (packets built in place, coalesced into GSO datagrams), or,
+//!   [`TxBatch`] (packets built in place, coalesced into GSO datagrams), or,
 //!   in busy-poll mode, leaves the post for the poster's next poll
 //!   ([`Engine::post_done`]).
 //! * **Receive path** — whoever holds the receive lock: the engine thread (blocking mode: it
@@ -33,6 +33,11 @@ use super::endpoint::{Endpoint, EndpointIo, Gone, QpBody, QpCell, RxWork};
 use super::port::Port;
 use super::udp::{MAX_DATAGRAM, RxBatch, TxBatch, UdpPort};
 use crate::mem::{Invalidation, MemoryTable};
+use crate::params::{
+    DOORBELL_GRACE, DOORBELL_MAX, DOORBELL_NAP_MAX, DOORBELL_RETRIES, ENGINE_RETRY, ENGINE_SPIN,
+    ENGINE_SPIN_MAX, POLLER_ACTIVE, RX_BATCH, SPINNER_GRACE, SPINNER_SKIPS, SPINNER_TAKEOVERS,
+    WAKER_DELAY, WAKER_PUSH,
+};
 use crate::wire::IcrcContext;
 
 mod doorbell;
@@ -101,74 +106,6 @@ impl std::fmt::Debug for RxState {
         f.debug_struct("RxState").finish()
     }
 }
-
-const RX_BATCH: usize = 32;
-
-/// In busy-poll mode, pollers count as active for this long (ns) after their last progress
-/// call or post; meanwhile the engine thread only runs timers. It is longer than a long post
-/// list takes to transmit (1 MiB is about half a millisecond of copying), so that the engine
-/// thread does not take over the receive path between a busy thread's posts and polls.
-const POLLER_ACTIVE: u64 = 1_000_000;
-
-/// How often active pollers push the engine thread's wake-up back (ns).
-const WAKER_PUSH: u64 = 1_000_000;
-
-/// How far ahead pollers set the engine thread's wake-up (ns): it fires WAKER_DELAY -
-/// WAKER_PUSH to WAKER_DELAY after they went quiet, and then the thread takes over (an
-/// application that polls in busy-poll mode less often than that leaves incoming requests to
-/// its polls meanwhile: blocking mode suits it better). It lies beyond the scheduler tick on
-/// purpose: a timer that becomes a CPU's earliest makes the kernel reprogram the CPU's timer
-/// device, which in a virtual machine is an exit to the hypervisor (here 18 us per
-/// `timerfd_settime` at 1.5 ms, 0.7-0.8 us at 5 ms or more), and a poller would pay it every
-/// push.
-const WAKER_DELAY: u64 = 5_000_000;
-
-/// How soon the engine thread tries again when pollers had gone quiet but one still held the
-/// receive path (inside a long receive).
-const ENGINE_RETRY: u64 = 2_000_000;
-
-/// Busy-poll mode, once the engine thread has found packets nobody polled for (the
-/// application waits by spinning on memory, as `ib_write_lat` does): the thread watches the
-/// socket and takes a datagram when no application thread has polled a CQ for this long (ns).
-const SPINNER_GRACE: u64 = 30_000;
-
-/// Wake-ups for a datagram a poller took after all, in a row, after which the engine thread
-/// stops watching the socket for memory-spinning applications (the pollers receive again).
-const SPINNER_SKIPS: u32 = 8;
-
-/// Take-overs in a row (pollers quiet for POLLER_ACTIVE, the waker fired) that found datagrams
-/// waiting, after which the engine thread watches the socket for a memory-spinning
-/// application: such an application stalls every round trip, a one-off (a connection set up,
-/// an application pausing) does not.
-const SPINNER_TAKEOVERS: u32 = 3;
-
-/// Posts one QP leaves for the poster's next poll at most ([`Engine::post_done`]); the next
-/// one transmits them all.
-const DOORBELL_MAX: u32 = 128;
-
-/// Busy-poll mode, when the engine thread receives because no application thread polls: it
-/// keeps receiving until this long (ns) passes without a datagram before it sleeps again
-/// (`Engine::spin_receive`).
-const ENGINE_SPIN: u64 = 50_000;
-
-/// The longest the engine thread receives in one spin before it looks at timers and the rest
-/// of its loop again (ns).
-const ENGINE_SPIN_MAX: u64 = 2_000_000;
-
-/// Rounds in which the engine thread, sending posts left for a poll, tries again a QP whose
-/// lock was taken.
-const DOORBELL_RETRIES: usize = 8;
-
-/// Posts left for a poll ([`Engine::post_done`]): the engine thread looks at them this often
-/// (ns), and sends them once no application thread has polled for this long. Waking it for
-/// every burst instead (tens of thousands of times a second on a machine whose cores two
-/// spinning processes already fill) cost a third of a 64 B message rate.
-const DOORBELL_GRACE: u64 = 60_000;
-
-/// The longest nap between two looks at posts left for a poll while an active poller keeps
-/// sending them itself (ns): the most a poster that stops polling in the middle of a stream
-/// waits for them, beyond DOORBELL_GRACE.
-const DOORBELL_NAP_MAX: u64 = 480_000;
 
 impl Engine {
     /// An engine on a bound port, on the real clock.

@@ -9,6 +9,7 @@ use super::sq::{ReRequest, SendSide};
 use super::timer::rnr_backoff_ns;
 use super::wr::{WcStatus, WorkCompletion, WrOpcode};
 use crate::mem::{Access, AccessCtx, MemoryAccess};
+use crate::params::{MAX_REREQUESTS, RESTART_WINDOW};
 use crate::wire::{NakCode, OpKind, Packet, Psn, Syndrome};
 
 /// Counters the completer keeps (part of [`super::QpCounters`]).
@@ -27,12 +28,6 @@ pub struct CompCounters {
     /// Holes in READ response streams (or lost atomic acknowledgements) asked for again.
     pub rerequests: u64,
 }
-
-/// The send window (PSNs) right after a retransmission timeout.
-const RESTART_WINDOW: i32 = 8;
-
-/// Most hole re-requests queued at once (more holes wait for the timeout's go-back-N).
-const MAX_REREQUESTS: usize = 64;
 
 impl SendSide {
     fn progress(&mut self, now: u64) {

@@ -7,6 +7,7 @@ use super::requester::{LocalErr, PacketAt, ReqEnv, local_err, position};
 use super::sq::SendWqe;
 use super::wr::{SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, MemoryAccess};
+pub use crate::params::{LEND_MAX_PIECES, LEND_MIN};
 use crate::wire::packet::{pad_for, seal};
 use crate::wire::{
     AtomicEthRepr, Bth, BthRepr, HeaderRepr, Headers, ICRC_LEN, Icrc, IcrcPrefix, OpKind, Opcode,
@@ -317,14 +318,6 @@ fn build_middle_lent(
     g.split = BTH_LEN;
     Ok(MiddleLent::Built(BTH_LEN + ICRC_LEN))
 }
-
-/// Payloads shorter than this are copied (a copy of a few hundred bytes costs less than
-/// another `iovec` and the region's lend count).
-pub const LEND_MIN: usize = 1024;
-
-/// Most pieces (SGEs) of one packet's payload that are lent; a payload in more pieces is
-/// copied (this bounds a GSO datagram's `iovec` count well under the kernel's 1024).
-pub const LEND_MAX_PIECES: usize = 4;
 
 /// Lend the `plen` payload bytes at offset `off` of `w` (the WQE of SQ sequence number `seq`),
 /// read as `actx` from `mem`, into `g`, each piece with the rest of its scatter/gather entry when that can be lent too

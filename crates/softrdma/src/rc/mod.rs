@@ -42,6 +42,7 @@ pub mod timer;
 pub mod unreliable;
 pub mod wr;
 
+pub use crate::params::{ACK_REQ_EVERY, LAZY_ACK_NS, MAX_INFLIGHT_PSNS, MAX_MSG_SIZE};
 pub use gather::Gather;
 pub use qp::{Qp, QpCap, QpCounters, QpInit};
 pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
@@ -53,17 +54,6 @@ pub use wr::{
     WorkCompletion, WrOpcode,
 };
 
-/// Most PSNs the requester keeps unacknowledged (as rxe's window).
-pub const MAX_INFLIGHT_PSNS: i32 = 128;
-/// The requester sets AckReq at least every this many packets of a long message (rxe's
-/// `RXE_MAX_PKT_PER_ACK`).
-pub const ACK_REQ_EVERY: u32 = 64;
-/// How long a responder waits before acknowledging requests executed without AckReq (the
-/// requester did not ask; a later requested ACK usually covers them first). Far below any
-/// retransmission timeout in use (IB timeout 5, 131 us, and up; the default is 14, 67 ms).
-pub const LAZY_ACK_NS: u64 = 100_000;
-/// Largest message (2^31 bytes, `max_msg_sz`).
-pub const MAX_MSG_SIZE: u64 = 1 << 31;
 /// Bytes of BTH and extension headers at most (BTH + RETH + ImmDt, or BTH + AtomicETH),
 /// plus pad and ICRC: a transmit buffer needs path MTU + this.
 pub const MAX_OVERHEAD: usize = 12 + 28 + 4 + 3 + 4;

@@ -4,10 +4,9 @@
 //! response costs one re-request of the hole instead of a go-back-N replay of every READ
 //! behind it.
 
+pub use crate::params::PSN_SET_WINDOW;
 use crate::wire::Psn;
 
-/// PSNs the window can hold ahead of its base (a power of two dividing 2^24).
-pub const PSN_SET_WINDOW: u32 = 4096;
 const WORDS: usize = (PSN_SET_WINDOW / 64) as usize;
 
 /// A set of PSNs within `[base, base + PSN_SET_WINDOW)`; `base` is supplied by the caller

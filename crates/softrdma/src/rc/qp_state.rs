@@ -4,6 +4,7 @@
 
 use super::QpType;
 use crate::mem::Access;
+pub use crate::params::MAX_RD_ATOMIC;
 use crate::wire::{IcrcContext, Psn};
 
 /// `enum ibv_qp_state`.
@@ -425,9 +426,6 @@ pub fn transition_rules(t: QpType, from: QpState, to: QpState) -> Option<(QpAttr
         _ => return None,
     })
 }
-
-/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted (`max_qp_rd_atom` of the device).
-pub const MAX_RD_ATOMIC: u8 = 16;
 
 /// Check a modify request of a QP of type `t` against the rules and the attribute ranges.
 pub fn check_modify(

@@ -1,7 +1,7 @@
 //! The requester: turns send WQEs into request packets (rxe's `rxe_req.c`).
 //!
 //! Segmentation to the path MTU, PSN assignment, the AckReq policy (see
-//! [`SendSide::wants_ack`]: the last packet of a message whose completion the application
+//! `SendSide::wants_ack`: the last packet of a message whose completion the application
 //! waits for, every [`ACK_REQ_EVERY`] packets, every READ/atomic request),
 //! the send window of unacknowledged PSNs (default [`super::MAX_INFLIGHT_PSNS`]), the `max_rd_atomic` limit,
 //! fences, and local operations (LOCAL_INV, BIND_MW) executed in queue order.
@@ -12,6 +12,7 @@ use super::gather::Gather;
 use super::sq::{SendSide, SendWqe};
 use super::wr::{SendFlags, WcStatus, WrOpcode};
 use crate::mem::{Access, AccessCtx, AccessError, Invalidator, MemoryAccess};
+pub use crate::params::LOCAL_SUSPEND_WAIT_NS;
 use crate::wire::{IcrcPrefix, Position, Psn};
 
 /// What one call of the requester produced.
@@ -339,9 +340,6 @@ impl SendSide {
         None
     }
 }
-
-/// How long a requester waits before looking again at a suspended local region.
-pub const LOCAL_SUSPEND_WAIT_NS: u64 = 50_000;
 
 /// Why a request could not be built from local memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,16 +23,11 @@ use super::read_history::ReadHistory;
 use super::rq::{RecvQueue, RecvWqe, Srq};
 use super::wr::{WcOpcode, WcStatus, WorkCompletion};
 use crate::mem::{Access, AccessCtx, AccessError, Invalidator, MemoryAccess};
+pub use crate::params::NAK_SEQ_WINDOW;
 use crate::wire::{NakCode, OpKind, Packet, Position, Psn, RethRepr, Syndrome};
 
 /// Credit count rxe puts in every ACK: "invalid", end-to-end credits not used.
 pub(super) const NO_CREDITS: Syndrome = Syndrome::Ack { credits: 0x1f };
-
-/// How far ahead of the expected PSN a request may be and still draw a NAK-sequence (a
-/// packet lost in a requester's window makes the next ones arrive at most a window ahead:
-/// rxe's window is 128 PSNs, a softrdma device's 1024). Farther requests are dropped and
-/// counted.
-pub const NAK_SEQ_WINDOW: i32 = 1024;
 
 /// A queued answer.
 #[derive(Clone, Copy, Debug)]

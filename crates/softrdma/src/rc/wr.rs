@@ -2,10 +2,7 @@
 //! (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`, `ibv_wc`, `ibv_wc_status`).
 
 use crate::mem::Access;
-
-/// Most scatter/gather entries a work request may carry (the QP's `max_send_sge`/`max_recv_sge`
-/// cap). Kept inline in the work queue entry so posting never allocates.
-pub const MAX_SGE: usize = 8;
+pub use crate::params::MAX_SGE;
 
 /// One scatter/gather entry (`ibv_sge`): `length` bytes at `addr` under local key `lkey`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

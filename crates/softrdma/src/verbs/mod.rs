@@ -24,6 +24,8 @@ mod cq;
 mod device;
 mod error;
 mod mr;
+mod mw;
+mod pd;
 mod qp;
 mod srq;
 
@@ -36,7 +38,9 @@ pub use cm::{
 pub use cq::{CompChannel, Cq, EMPTY_WC};
 pub use device::{Device, DeviceAttr, DeviceConfig, MAX_CQE, PortAttr};
 pub use error::VerbsError;
-pub use mr::{Mr, MrRereg, Mw, Pd};
+pub use mr::{Mr, MrRereg};
+pub use mw::Mw;
+pub use pd::Pd;
 pub use qp::{Ah, PostBatch, Qp, QpInitAttr, RecvBatch, random_psn};
 pub use srq::Srq;
 

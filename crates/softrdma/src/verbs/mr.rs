@@ -1,126 +1,9 @@
-//! Protection domains, memory regions and memory windows.
+//! Memory regions: registered memory, its keys, and its re-registration.
 
 use std::sync::Arc;
 
-use super::{Device, Qp, QpInitAttr, Srq, VerbsError};
-use crate::mem::{
-    Access, AccessCtx, MemSource, MemoryAccess, MrInfo, MwType, PageSize, Rereg, Returned,
-};
-
-pub(crate) struct PdInner {
-    pub device: Device,
-    pub pd: u32,
-}
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        let _ = self.device.engine().mem().dealloc_pd(self.pd);
-    }
-}
-
-impl std::fmt::Debug for PdInner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Pd({})", self.pd)
-    }
-}
-
-/// A protection domain. Regions, windows, QPs and SRQs made from it keep it alive.
-#[derive(Clone, Debug)]
-pub struct Pd {
-    pub(crate) inner: Arc<PdInner>,
-}
-
-impl Pd {
-    pub(crate) fn new(device: Device, pd: u32) -> Pd {
-        Pd {
-            inner: Arc::new(PdInner { device, pd }),
-        }
-    }
-
-    /// The PD handle.
-    pub fn handle(&self) -> u32 {
-        self.inner.pd
-    }
-
-    /// The device.
-    pub fn device(&self) -> &Device {
-        &self.inner.device
-    }
-
-    /// Register memory of any of the four kinds (`ibv_reg_mr`; `iova` as `ibv_reg_mr_iova2`,
-    /// default the host address). A refused registration changes nothing.
-    pub fn reg_mr(
-        &self,
-        src: MemSource,
-        access: Access,
-        iova: Option<u64>,
-    ) -> Result<Mr, VerbsError> {
-        let info = self
-            .device()
-            .engine()
-            .mem()
-            .reg_mr(self.inner.pd, src, access, iova)?;
-        Ok(Mr {
-            inner: Arc::new(MrInner {
-                pd: self.clone(),
-                info,
-                deregistered: false,
-            }),
-        })
-    }
-
-    /// Register an owned buffer (handed back by [`Mr::dereg`]).
-    pub fn reg_buffer<B: AsMut<[u8]> + Send + 'static>(
-        &self,
-        buf: B,
-        access: Access,
-    ) -> Result<Mr, VerbsError> {
-        self.reg_mr(MemSource::owned(buf), access, None)
-    }
-
-    /// Register `len` bytes of memory the device allocates (which no application unmap can
-    /// pull away).
-    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<Mr, VerbsError> {
-        self.reg_mr(MemSource::device(len, PageSize::Base), access, None)
-    }
-
-    /// Register raw memory.
-    ///
-    /// # Safety
-    /// The `len` bytes at `ptr` must stay mapped, readable and writable until the region is
-    /// deregistered, and may be read and written by the engine at any time meanwhile.
-    pub unsafe fn reg_raw(
-        &self,
-        ptr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> Result<Mr, VerbsError> {
-        // SAFETY: forwarded from this function's contract.
-        let src = unsafe { MemSource::raw(ptr, len) };
-        self.reg_mr(src, access, None)
-    }
-
-    /// Allocate a memory window (`ibv_alloc_mw`).
-    pub fn alloc_mw(&self, ty: MwType) -> Result<Mw, VerbsError> {
-        let key = self.device().engine().mem().alloc_mw(self.inner.pd, ty)?;
-        Ok(Mw {
-            pd: self.clone(),
-            key: std::sync::atomic::AtomicU32::new(key),
-            ty,
-            bound_to: std::sync::Mutex::new(None),
-        })
-    }
-
-    /// Create a Reliable Connected QP (`ibv_create_qp`).
-    pub fn create_qp(&self, attr: &QpInitAttr) -> Result<Qp, VerbsError> {
-        Qp::create(self, attr)
-    }
-
-    /// Create a shared receive queue (`ibv_create_srq`).
-    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq, VerbsError> {
-        Srq::create(self, max_wr, max_sge)
-    }
-}
+use super::{Pd, VerbsError};
+use crate::mem::{Access, AccessCtx, MemSource, MemoryAccess, MrInfo, Rereg, Returned};
 
 pub(crate) struct MrInner {
     pd: Pd,
@@ -150,6 +33,17 @@ pub struct Mr {
 }
 
 impl Mr {
+    /// The handle of a region `pd` just registered.
+    pub(super) fn registered(pd: Pd, info: MrInfo) -> Mr {
+        Mr {
+            inner: Arc::new(MrInner {
+                pd,
+                info,
+                deregistered: false,
+            }),
+        }
+    }
+
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.inner.info.lkey
@@ -326,73 +220,4 @@ pub struct MrRereg<'a> {
     pub pd: Option<&'a Pd>,
     /// New access flags.
     pub access: Option<Access>,
-}
-
-/// A memory window.
-#[derive(Debug)]
-pub struct Mw {
-    pd: Pd,
-    key: std::sync::atomic::AtomicU32,
-    ty: MwType,
-    bound_to: std::sync::Mutex<Option<Mr>>,
-}
-
-impl Mw {
-    /// The current R_Key.
-    pub fn rkey(&self) -> u32 {
-        self.key.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Window type.
-    pub fn mw_type(&self) -> MwType {
-        self.ty
-    }
-
-    /// Bind a type 1 window to `[iova, iova+len)` of `mr` through `qp`'s PD (`ibv_bind_mw`):
-    /// the window gets a new R_Key (returned); the old one stops working. A zero `len` unbinds.
-    pub fn bind(
-        &self,
-        qp: &Qp,
-        mr: &Mr,
-        iova: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<u32, VerbsError> {
-        if self.ty != MwType::Type1 {
-            return Err(VerbsError::InvalidArgument(
-                "type 2 windows are bound with a BIND_MW work request".into(),
-            ));
-        }
-        let ctx = AccessCtx {
-            pd: self.pd.handle(),
-            qpn: qp.qp_num(),
-        };
-        let mem = self.pd.device().engine().mem();
-        let k = mem.bind_mw_type1(ctx, self.rkey(), mr.lkey(), iova, len, access)?;
-        self.key.store(k, std::sync::atomic::Ordering::Release);
-        *self.bound_to.lock().unwrap_or_else(|e| e.into_inner()) = (len > 0).then(|| mr.clone());
-        Ok(k)
-    }
-
-    /// The R_Key a type 1 window gets from its next bind by a work request (a `BIND_MW`
-    /// work request posted with it as `new_rkey`, as `ibv_bind_mw` does): drawn at random,
-    /// unused in the window's slot.
-    pub fn draw_type1_key(&self) -> Result<u32, VerbsError> {
-        let mem = self.pd.device().engine().mem();
-        Ok(mem.draw_type1_key(self.rkey())?)
-    }
-
-    /// Record that the window was bound by a work request to `mr` (`None`: unbound) with
-    /// R_Key `rkey` (keeps the region registered while the window may refer to it).
-    pub fn bound_by_wr(&self, mr: Option<&Mr>, rkey: u32) {
-        self.key.store(rkey, std::sync::atomic::Ordering::Release);
-        *self.bound_to.lock().unwrap_or_else(|e| e.into_inner()) = mr.cloned();
-    }
-}
-
-impl Drop for Mw {
-    fn drop(&mut self) {
-        let mem = self.pd.device().engine().mem();
-        let _ = mem.dealloc_mw(self.rkey());
-    }
 }

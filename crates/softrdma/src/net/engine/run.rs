@@ -3,9 +3,7 @@
 //! and then either take the receive path (its turn) or leave it to the pollers.
 
 use super::*;
-
-/// The longest the thread sleeps: a safety net (`stop` wakes it).
-const IDLE: u64 = 50_000_000;
+use crate::params::ENGINE_IDLE as IDLE;
 
 /// What the loop remembers from one wake-up to the next.
 #[derive(Debug)]
