@@ -5,31 +5,25 @@
 //!
 //! The parent is the requester; it re-runs this test binary as the responder (selected by the
 //! environment variable `SOFTRDMA_COH_CHILD`). The two exchange QPNs, PSNs, keys and results
-//! over TCP in lines of text. Every wait is bounded.
+//! over TCP in lines of text (`support::pair`). Every wait is bounded.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use softrdma::verbs::*;
+use support::pair::{TwoProcesses, finish};
 
-const CHILD_ENV: &str = "SOFTRDMA_COH_CHILD";
+const PROCS: TwoProcesses = TwoProcesses {
+    env: "SOFTRDMA_COH_CHILD",
+    net: [127, 0, 3],
+    port: 7100,
+    attr: qp_attr,
+};
 const MIB: usize = 1 << 20;
 const RW: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
-
-fn addr(pair: u8, child: bool) -> IpAddr {
-    IpAddr::from([127, 0, 3, pair * 2 + u8::from(child)])
-}
-
-fn port(pair: u8) -> u16 {
-    7100 + u16::from(pair)
-}
-
-fn is_child(test: &str) -> bool {
-    std::env::var(CHILD_ENV).is_ok_and(|v| v == test)
-}
 
 /// Byte `j` of chunk `i`: never zero, so a late write into discarded (zeroed) pages shows.
 fn pat(i: usize, j: usize) -> u8 {
@@ -38,35 +32,6 @@ fn pat(i: usize, j: usize) -> u8 {
 
 fn chunk(i: usize) -> Vec<u8> {
     (0..MIB).map(|j| pat(i, j)).collect()
-}
-
-struct Link {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Link {
-    fn new(s: TcpStream) -> Link {
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        Link {
-            r: BufReader::new(s.try_clone().unwrap()),
-            w: s,
-        }
-    }
-    fn send(&mut self, s: &str) {
-        writeln!(self.w, "{s}").unwrap();
-    }
-    fn recv(&mut self) -> String {
-        let mut s = String::new();
-        self.r.read_line(&mut s).expect("peer line within 60 s");
-        s.trim().to_owned()
-    }
-    fn nums(&mut self) -> Vec<u64> {
-        self.recv()
-            .split_whitespace()
-            .map(|x| x.parse().unwrap())
-            .collect()
-    }
 }
 
 fn open(ip: IpAddr, remap: RemapPolicy) -> (Device, Pd) {
@@ -100,72 +65,6 @@ fn qp(pd: &Pd, cq: &Cq) -> Qp {
     a.cap.max_send_wr = 256;
     a.cap.max_recv_wr = 256;
     pd.create_qp(&a).unwrap()
-}
-
-/// Parent: start the child, connect `qps` to the child's, return the child's extra numbers.
-fn parent(test: &str, pair: u8, qps: &[&Qp]) -> (Child, Link, Vec<u64>) {
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, test)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let s = loop {
-        match TcpStream::connect((addr(pair, true), port(pair))) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() > deadline => panic!("child never listened: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    };
-    let mut l = Link::new(s);
-    let theirs = l.nums();
-    let mut mine = String::new();
-    for (i, q) in qps.iter().enumerate() {
-        let psn = random_psn();
-        mine.push_str(&format!("{} {} ", q.qp_num(), psn));
-        let a = qp_attr(theirs[2 * i] as u32, psn, theirs[2 * i + 1] as u32);
-        q.connect(addr(pair, true), &a).unwrap();
-    }
-    l.send(mine.trim());
-    (child, l, theirs[2 * qps.len()..].to_vec())
-}
-
-/// Child: listen, announce QPN/PSN per QP plus `extra`, connect to the parent's QPs.
-fn child_link(pair: u8, qps: &[&Qp], extra: &[u64]) -> Link {
-    let lis = TcpListener::bind((addr(pair, true), port(pair))).unwrap();
-    let (s, _) = lis.accept().unwrap();
-    let mut l = Link::new(s);
-    let psns: Vec<u32> = qps.iter().map(|_| random_psn()).collect();
-    let mut line = String::new();
-    for (q, psn) in qps.iter().zip(&psns) {
-        line.push_str(&format!("{} {} ", q.qp_num(), psn));
-    }
-    for e in extra {
-        line.push_str(&format!("{e} "));
-    }
-    l.send(line.trim());
-    let theirs = l.nums();
-    for (i, q) in qps.iter().enumerate() {
-        let a = qp_attr(theirs[2 * i] as u32, psns[i], theirs[2 * i + 1] as u32);
-        q.connect(addr(pair, false), &a).unwrap();
-    }
-    l
-}
-
-fn finish(mut child: Child) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            assert!(st.success(), "child failed: {st}");
-            return;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("child did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Exactly `n` completions within `secs`, then none more for a moment.
@@ -240,13 +139,13 @@ fn suspend_move_resume_under_writes() {
     const T: &str = "suspend_move_resume_under_writes";
     const P: u8 = 1;
     const N: usize = 32;
-    if is_child(T) {
-        let (dev, pd) = open(addr(P, true), RemapPolicy::Invalidate);
+    if PROCS.is_child(T) {
+        let (dev, pd) = open(PROCS.addr(P, true), RemapPolicy::Invalidate);
         let cq = dev.create_cq(1024, None).unwrap();
         let q = qp(&pd, &cq);
         let old = map(N * MIB);
         let mr = pd.reg_mr(raw(old, N * MIB), RW, None).unwrap();
-        let mut l = child_link(P, &[&q], &[u64::from(mr.rkey()), mr.iova()]);
+        let (mut l, _) = PROCS.child(P, &[&q], &[u64::from(mr.rkey()), mr.iova()]);
         assert_eq!(l.recv(), "started");
         std::thread::sleep(Duration::from_millis(15));
         let t0 = Instant::now();
@@ -281,14 +180,14 @@ fn suspend_move_resume_under_writes() {
         ));
         return;
     }
-    let (dev, pd) = open(addr(P, false), RemapPolicy::Invalidate);
+    let (dev, pd) = open(PROCS.addr(P, false), RemapPolicy::Invalidate);
     let cq = dev.create_cq(1024, None).unwrap();
     let q = qp(&pd, &cq);
     let src = pd.alloc_mr(N * MIB, RW).unwrap();
     for i in 0..N {
         src.write((i * MIB) as u64, &chunk(i)).unwrap();
     }
-    let (child, mut l, x) = parent(T, P, &[&q]);
+    let (child, mut l, x) = PROCS.parent(T, P, &[&q], &[]);
     let (rkey, iova) = (x[0] as u32, x[1]);
     l.send("started");
     for i in 0..N {
@@ -378,8 +277,8 @@ fn map_shared(len: usize) -> usize {
 fn pulled_away(test: &str, pair: u8, change: Change) {
     const N: usize = 48;
     const REGION: usize = 8 * MIB;
-    if is_child(test) {
-        let (dev, pd) = open(addr(pair, true), RemapPolicy::Invalidate);
+    if PROCS.is_child(test) {
+        let (dev, pd) = open(PROCS.addr(pair, true), RemapPolicy::Invalidate);
         let (cq1, cq2) = (
             dev.create_cq(1024, None).unwrap(),
             dev.create_cq(1024, None).unwrap(),
@@ -398,7 +297,7 @@ fn pulled_away(test: &str, pair: u8, change: Change) {
             u64::from(mr2.rkey()),
             mr2.iova(),
         ];
-        let mut l = child_link(pair, &[&q1, &q2], &extra);
+        let (mut l, _) = PROCS.child(pair, &[&q1, &q2], &extra);
         for i in 0..N {
             q1.post_recv(&RecvWr {
                 wr_id: i as u64,
@@ -497,7 +396,7 @@ fn pulled_away(test: &str, pair: u8, change: Change) {
         ));
         return;
     }
-    let (dev, pd) = open(addr(pair, false), RemapPolicy::Invalidate);
+    let (dev, pd) = open(PROCS.addr(pair, false), RemapPolicy::Invalidate);
     let (cq1, cq2) = (
         dev.create_cq(1024, None).unwrap(),
         dev.create_cq(1024, None).unwrap(),
@@ -507,7 +406,7 @@ fn pulled_away(test: &str, pair: u8, change: Change) {
     for i in 0..REGION / MIB {
         src.write((i * MIB) as u64, &chunk(i)).unwrap();
     }
-    let (child, mut l, x) = parent(test, pair, &[&q1, &q2]);
+    let (child, mut l, x) = PROCS.parent(test, pair, &[&q1, &q2], &[]);
     let (rkey1, iova1, rkey2, iova2) = (x[0] as u32, x[1], x[2] as u32, x[3]);
     l.send("started");
     let chunks = REGION / MIB;
@@ -651,15 +550,15 @@ fn mremap_follow_during_writes() {
     const T: &str = "mremap_follow_during_writes";
     const P: u8 = 5;
     const N: usize = 24;
-    if is_child(T) {
-        let (dev, pd) = open(addr(P, true), RemapPolicy::Invalidate);
+    if PROCS.is_child(T) {
+        let (dev, pd) = open(PROCS.addr(P, true), RemapPolicy::Invalidate);
         let cq = dev.create_cq(1024, None).unwrap();
         let q = qp(&pd, &cq);
         let a = map(N * MIB);
         let mr = pd
             .reg_mr(raw(a, N * MIB).remap_policy(RemapPolicy::Follow), RW, None)
             .unwrap();
-        let mut l = child_link(P, &[&q], &[u64::from(mr.rkey()), mr.iova()]);
+        let (mut l, _) = PROCS.child(P, &[&q], &[u64::from(mr.rkey()), mr.iova()]);
         assert_eq!(l.recv(), "started");
         std::thread::sleep(Duration::from_millis(20));
         let target = map(2 * N * MIB);
@@ -685,14 +584,14 @@ fn mremap_follow_during_writes() {
         ));
         return;
     }
-    let (dev, pd) = open(addr(P, false), RemapPolicy::Invalidate);
+    let (dev, pd) = open(PROCS.addr(P, false), RemapPolicy::Invalidate);
     let cq = dev.create_cq(1024, None).unwrap();
     let q = qp(&pd, &cq);
     let src = pd.alloc_mr(N * MIB, RW).unwrap();
     for i in 0..N {
         src.write((i * MIB) as u64, &chunk(i)).unwrap();
     }
-    let (child, mut l, x) = parent(T, P, &[&q]);
+    let (child, mut l, x) = PROCS.parent(T, P, &[&q], &[]);
     let (rkey, iova) = (x[0] as u32, x[1]);
     l.send("started");
     for i in 0..N {

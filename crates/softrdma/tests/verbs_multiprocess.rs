@@ -4,16 +4,23 @@
 //!
 //! Each test re-runs this test binary as a child process (the responder, selected by the
 //! environment variable `SOFTRDMA_CHILD`); the two sides exchange QPN, PSN, keys and results
-//! over TCP in lines of text.
+//! over TCP in lines of text (`support::pair`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::net::IpAddr;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use softrdma::verbs::*;
+use support::pair::{Link, TwoProcesses, finish};
 
-const CHILD_ENV: &str = "SOFTRDMA_CHILD";
+const PROCS: TwoProcesses = TwoProcesses {
+    env: "SOFTRDMA_CHILD",
+    net: [127, 0, 1],
+    port: 7000,
+    attr: qp_attr,
+};
 const ALL: Access = Access(1 | 2 | 4 | 8 | 16);
 
 struct Node {
@@ -34,32 +41,6 @@ fn node(ip: IpAddr, mode: PollMode) -> Node {
     Node { dev, pd, cq, mr }
 }
 
-struct Link {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
-}
-
-impl Link {
-    fn send(&mut self, s: &str) {
-        writeln!(self.w, "{s}").unwrap();
-    }
-    fn recv(&mut self) -> String {
-        let mut s = String::new();
-        self.r.read_line(&mut s).unwrap();
-        s.trim().to_owned()
-    }
-    fn nums(&mut self) -> Vec<u64> {
-        self.recv()
-            .split_whitespace()
-            .map(|x| x.parse().unwrap())
-            .collect()
-    }
-}
-
-fn addr(pair: u8, child: bool) -> IpAddr {
-    IpAddr::from([127, 0, 1, pair * 2 + u8::from(child)])
-}
-
 fn qp_attr(peer_qpn: u32, my_psn: u32, peer_psn: u32) -> QpAttr {
     QpAttr {
         path_mtu: Mtu::Mtu1024,
@@ -77,73 +58,10 @@ fn qp_attr(peer_qpn: u32, my_psn: u32, peer_psn: u32) -> QpAttr {
     }
 }
 
-/// Parent side: start the child for `test` on pair `pair`, connect one QP per entry of
-/// `qps`, and return the link and the child's announced numbers (after its QPN/PSN pairs).
+/// Parent side ([`TwoProcesses::parent`]), announcing `n`'s region.
 fn parent(test: &str, pair: u8, n: &Node, qps: &[&Qp]) -> (Child, Link, Vec<u64>) {
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, test)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let s = loop {
-        match TcpStream::connect((addr(pair, true), 7000 + u16::from(pair))) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() > deadline => panic!("child never listened: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    };
-    let mut l = Link {
-        r: BufReader::new(s.try_clone().unwrap()),
-        w: s,
-    };
-    let theirs = l.nums();
-    let mut mine = String::new();
-    for (i, qp) in qps.iter().enumerate() {
-        let psn = random_psn();
-        mine.push_str(&format!("{} {} ", qp.qp_num(), psn));
-        let attr = qp_attr(theirs[2 * i] as u32, psn, theirs[2 * i + 1] as u32);
-        qp.connect(addr(pair, true), &attr).unwrap();
-    }
-    mine.push_str(&format!("{} {}", n.mr.rkey(), n.mr.iova()));
-    l.send(&mine);
-    // Nothing is sent before the child's QPs are at RTS: a request that reached one still in
-    // RTR would be answered there, and a NAK (bad_rkey_is_a_remote_access_error) would put it
-    // in the error state before it could move to RTS.
-    assert_eq!(l.recv(), "up", "the child did not connect");
-    let rest = theirs[2 * qps.len()..].to_vec();
-    (child, l, rest)
-}
-
-/// Child side: listen, announce QPN/PSN per QP plus `extra`, connect to the parent's QPs.
-fn child_link(pair: u8, qps: &[&Qp], extra: &[u64]) -> (Link, Vec<u64>) {
-    let lis = TcpListener::bind((addr(pair, true), 7000 + u16::from(pair))).unwrap();
-    let (s, _) = lis.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut l = Link {
-        r: BufReader::new(s.try_clone().unwrap()),
-        w: s,
-    };
-    let psns: Vec<u32> = qps.iter().map(|_| random_psn()).collect();
-    let mut line = String::new();
-    for (qp, psn) in qps.iter().zip(&psns) {
-        line.push_str(&format!("{} {} ", qp.qp_num(), psn));
-    }
-    for e in extra {
-        line.push_str(&format!("{e} "));
-    }
-    l.send(line.trim());
-    let theirs = l.nums();
-    for (i, qp) in qps.iter().enumerate() {
-        qp.connect(
-            addr(pair, false),
-            &qp_attr(theirs[2 * i] as u32, psns[i], theirs[2 * i + 1] as u32),
-        )
-        .unwrap();
-    }
-    l.send("up");
-    (l, theirs[2 * qps.len()..].to_vec())
+    let mr = &n.mr;
+    PROCS.parent(test, pair, qps, &[u64::from(mr.rkey()), mr.iova()])
 }
 
 fn one(cq: &Cq) -> WorkCompletion {
@@ -157,22 +75,6 @@ fn ok(wc: WorkCompletion, id: u64) -> WorkCompletion {
     wc
 }
 
-fn finish(mut child: Child) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            assert!(st.success(), "child failed: {st}");
-            return;
-        }
-        assert!(Instant::now() < deadline, "child did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn is_child(test: &str) -> bool {
-    std::env::var(CHILD_ENV).is_ok_and(|v| v == test)
-}
-
 // ---------------------------------------------------------------------------------------------
 
 /// WRITE, WRITE with immediate, READ, SEND, SEND with immediate, inline SEND, Compare&Swap and
@@ -181,11 +83,11 @@ fn is_child(test: &str) -> bool {
 fn every_opcode_between_processes() {
     const T: &str = "every_opcode_between_processes";
     const P: u8 = 1;
-    if is_child(T) {
-        let n = node(addr(P, true), PollMode::Blocking);
+    if PROCS.is_child(T) {
+        let n = node(PROCS.addr(P, true), PollMode::Blocking);
         let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
         n.mr.write(0, &42u64.to_ne_bytes()).unwrap();
-        let (mut l, _) = child_link(P, &[&qp], &[n.mr.rkey() as u64, n.mr.iova()]);
+        let (mut l, _) = PROCS.child(P, &[&qp], &[n.mr.rkey() as u64, n.mr.iova()]);
         // Receives are posted once the QP is connected (a QP in RESET refuses them); the
         // requester's early SENDs meet RNR NAKs and are retried (rnr_retry 7).
         for i in 0..4 {
@@ -226,7 +128,7 @@ fn every_opcode_between_processes() {
         ));
         return;
     }
-    let n = node(addr(P, false), PollMode::BusyPoll);
+    let n = node(PROCS.addr(P, false), PollMode::BusyPoll);
     let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
     let (child, mut l, peer) = parent(T, P, &n, &[&qp]);
     let (rkey, base) = (peer[0] as u32, peer[1]);
@@ -349,8 +251,8 @@ fn every_opcode_between_processes() {
 fn srq_and_completion_channel_wakeups() {
     const T: &str = "srq_and_completion_channel_wakeups";
     const P: u8 = 2;
-    if is_child(T) {
-        let n = node(addr(P, true), PollMode::Blocking);
+    if PROCS.is_child(T) {
+        let n = node(PROCS.addr(P, true), PollMode::Blocking);
         let ch = n.dev.create_comp_channel().unwrap();
         let cq = n.dev.create_cq(64, Some(&ch)).unwrap();
         let srq = n.pd.create_srq(16, 1).unwrap();
@@ -365,7 +267,7 @@ fn srq_and_completion_channel_wakeups() {
             })
             .unwrap();
         }
-        let (mut l, _) = child_link(P, &[&q1, &q2], &[]);
+        let (mut l, _) = PROCS.child(P, &[&q1, &q2], &[]);
         let mut seen = Vec::new();
         let mut wakeups = 0;
         while seen.len() < 4 {
@@ -391,7 +293,7 @@ fn srq_and_completion_channel_wakeups() {
         l.send(&format!("{} wakeups={}", seen.join(","), wakeups > 0));
         return;
     }
-    let n = node(addr(P, false), PollMode::Blocking);
+    let n = node(PROCS.addr(P, false), PollMode::Blocking);
     let q1 = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
     let q2 = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
     let (child, mut l, _) = parent(T, P, &n, &[&q1, &q2]);
@@ -414,12 +316,12 @@ fn srq_and_completion_channel_wakeups() {
 fn memory_windows_of_both_types() {
     const T: &str = "memory_windows_of_both_types";
     const P: u8 = 3;
-    if is_child(T) {
-        let n = node(addr(P, true), PollMode::Blocking);
+    if PROCS.is_child(T) {
+        let n = node(PROCS.addr(P, true), PollMode::Blocking);
         let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
         let mw1 = n.pd.alloc_mw(MwType::Type1).unwrap();
         let mw2 = n.pd.alloc_mw(MwType::Type2).unwrap();
-        let (mut l, _) = child_link(P, &[&qp], &[]);
+        let (mut l, _) = PROCS.child(P, &[&qp], &[]);
         qp.post_recv(&RecvWr {
             wr_id: 9,
             sg_list: &[n.mr.sge(900_000, 64)],
@@ -461,7 +363,7 @@ fn memory_windows_of_both_types() {
         l.recv(); // stay until the requester is done
         return;
     }
-    let n = node(addr(P, false), PollMode::Blocking);
+    let n = node(PROCS.addr(P, false), PollMode::Blocking);
     let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
     let (child, mut l, _) = parent(T, P, &n, &[&qp]);
     let v = l.nums();
@@ -501,10 +403,10 @@ fn memory_windows_of_both_types() {
 fn bad_rkey_is_a_remote_access_error() {
     const T: &str = "bad_rkey_is_a_remote_access_error";
     const P: u8 = 4;
-    if is_child(T) {
-        let n = node(addr(P, true), PollMode::Blocking);
+    if PROCS.is_child(T) {
+        let n = node(PROCS.addr(P, true), PollMode::Blocking);
         let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
-        let (mut l, _) = child_link(P, &[&qp], &[]);
+        let (mut l, _) = PROCS.child(P, &[&qp], &[]);
         qp.post_recv(&RecvWr {
             wr_id: 1,
             sg_list: &[n.mr.sge(0, 64)],
@@ -516,7 +418,7 @@ fn bad_rkey_is_a_remote_access_error() {
         l.send(&format!("{:?} {:?}", qp.query().0, w.status));
         return;
     }
-    let n = node(addr(P, false), PollMode::Blocking);
+    let n = node(PROCS.addr(P, false), PollMode::Blocking);
     let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
     let (child, mut l, _) = parent(T, P, &n, &[&qp]);
     qp.post_send(
@@ -547,14 +449,14 @@ fn bad_rkey_is_a_remote_access_error() {
 fn peer_killed_mid_transfer_ends_in_retry_exceeded() {
     const T: &str = "peer_killed_mid_transfer_ends_in_retry_exceeded";
     const P: u8 = 5;
-    if is_child(T) {
-        let n = node(addr(P, true), PollMode::Blocking);
+    if PROCS.is_child(T) {
+        let n = node(PROCS.addr(P, true), PollMode::Blocking);
         let qp = n.pd.create_qp(&QpInitAttr::new(&n.cq)).unwrap();
-        let (_l, _) = child_link(P, &[&qp], &[n.mr.rkey() as u64, n.mr.iova()]);
+        let (_l, _) = PROCS.child(P, &[&qp], &[n.mr.rkey() as u64, n.mr.iova()]);
         std::thread::sleep(Duration::from_secs(60)); // killed long before this
         return;
     }
-    let n = node(addr(P, false), PollMode::Blocking);
+    let n = node(PROCS.addr(P, false), PollMode::Blocking);
     let mut init = QpInitAttr::new(&n.cq);
     init.cap.max_send_wr = 64;
     let qp = n.pd.create_qp(&init).unwrap();

@@ -1,11 +1,13 @@
 //! Helpers shared by the adversarial tests that run part of themselves in a child process:
 //! a guard that owns the child (killed by its pid and reaped on every path out of the test)
 //! and reads its output with a bound on every wait, a small seeded generator, and running part
-//! of a test in a network namespace ([`netns`]).
+//! of a test in a network namespace ([`netns`]); and the two-process harness of the verbs
+//! tests that connect a parent and a child ([`pair`]).
 
 #![allow(dead_code)]
 
 pub mod netns;
+pub mod pair;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
