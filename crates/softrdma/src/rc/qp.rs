@@ -475,6 +475,18 @@ impl Qp {
         mem: &dyn MemoryAccess,
         srq: Option<&mut Srq>,
     ) {
+        self.handle_one(now, pkt, from, mem, srq);
+        self.send.debug_check();
+    }
+
+    fn handle_one(
+        &mut self,
+        now: u64,
+        pkt: &Packet<'_>,
+        from: Option<&DatagramSource>,
+        mem: &dyn MemoryAccess,
+        srq: Option<&mut Srq>,
+    ) {
         self.counters.packets_received += 1;
         let Some(info) = self.admit(pkt) else {
             self.counters.packets_dropped += 1;
@@ -581,6 +593,7 @@ impl Qp {
         }
         let _ = self.send.handle_timeout(now, &mut self.counters.comp);
         self.retire();
+        self.send.debug_check();
     }
 
     /// Queue the acknowledgement of requests executed without AckReq now, rather than when

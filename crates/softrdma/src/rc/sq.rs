@@ -260,6 +260,36 @@ impl SendSide {
         }
     }
 
+    /// The send side's invariants, asserted in debug builds, where every simulator seed
+    /// checks them after each packet, transmit poll and timeout: the queue's indices in
+    /// order, nothing acknowledged that was not sent, nothing sent that was not assigned.
+    pub fn debug_check(&self) {
+        debug_assert!(
+            self.sq.head <= self.sq.tail,
+            "SQ head {} past its tail {}",
+            self.sq.head,
+            self.sq.tail
+        );
+        debug_assert!(
+            !self.comp_psn.is_after(self.sent_end),
+            "acknowledged up to {:?}, sent only up to {:?}",
+            self.comp_psn,
+            self.sent_end
+        );
+        debug_assert!(
+            !self.sent_end.is_after(self.next_psn),
+            "sent up to {:?}, assigned only up to {:?}",
+            self.sent_end,
+            self.next_psn
+        );
+        debug_assert!(
+            self.peer_acked.is_before(self.sent_end),
+            "executed by the peer up to {:?}, sent only up to {:?}",
+            self.peer_acked,
+            self.sent_end
+        );
+    }
+
     /// Set the starting PSN (RTR→RTS).
     pub fn set_sq_psn(&mut self, psn: Psn) {
         self.next_psn = psn;

@@ -109,6 +109,19 @@ impl Qp {
         now: u64,
         mem: &dyn MemoryAccess,
         buf: &mut [u8],
+        gather: Option<&mut crate::rc::Gather>,
+        answers: Answers,
+    ) -> Option<usize> {
+        let built = self.transmit_one(now, mem, buf, gather, answers);
+        self.send.debug_check();
+        built
+    }
+
+    fn transmit_one(
+        &mut self,
+        now: u64,
+        mem: &dyn MemoryAccess,
+        buf: &mut [u8],
         mut gather: Option<&mut crate::rc::Gather>,
         answers: Answers,
     ) -> Option<usize> {
