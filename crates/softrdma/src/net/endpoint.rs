@@ -13,7 +13,7 @@
 //! holds it; `receive.rs` verification, demultiplexing and the peer check; `transmit.rs`
 //! driving a QP's transport into its batch, the pending-transmit queue and held
 //! acknowledgements; `timers.rs` the timer scan; `teardown.rs` the QPs an invalidated region
-//! ends.
+//! ends; `verbs.rs` what the verbs do to a QP (modify, post, destroy).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -34,6 +34,7 @@ mod receive;
 mod teardown;
 mod timers;
 mod transmit;
+mod verbs;
 
 pub use qp::{QpBody, QpCell, QpGuard, SrqCore, SrqLimitHook, qp_tx_batch};
 pub(crate) use teardown::Gone;

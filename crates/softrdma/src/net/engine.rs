@@ -38,6 +38,7 @@ use crate::params::{
     ENGINE_SPIN_MAX, POLLER_ACTIVE, RX_BATCH, SPINNER_GRACE, SPINNER_SKIPS, SPINNER_TAKEOVERS,
     WAKER_DELAY, WAKER_PUSH,
 };
+use crate::rc::{ModifyError, PostError, QpAttr, QpAttrMask, RecvWr, SendWr};
 use crate::wire::IcrcContext;
 
 mod doorbell;
@@ -242,6 +243,50 @@ impl Engine {
     /// True if a QP with this number exists.
     pub fn has_qp(&self, qpn: u32) -> bool {
         self.ep.has_qp(qpn)
+    }
+
+    /// Modify a QP: [`Endpoint::modify_qp`]; the caller counts as an active poller.
+    pub fn modify_qp(
+        &self,
+        cell: &Arc<QpCell>,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), ModifyError> {
+        self.ep.modify_qp(cell, attr, mask, self)?;
+        self.mark_active(self.now());
+        Ok(())
+    }
+
+    /// Post one send work request: [`Endpoint::post_send`].
+    pub fn post_send(&self, cell: &Arc<QpCell>, wr: &SendWr<'_>) -> Result<(), PostError> {
+        self.ep.post_send(cell, wr, self)
+    }
+
+    /// Post a list of send work requests: [`Endpoint::post_send_list`]; the caller counts as
+    /// an active poller.
+    pub fn post_send_list(
+        &self,
+        cell: &Arc<QpCell>,
+        wrs: &[SendWr<'_>],
+    ) -> Result<(), (usize, PostError)> {
+        let res = self.ep.post_send_list(cell, wrs, self);
+        self.mark_active(self.now());
+        res
+    }
+
+    /// Post a receive work request: [`Endpoint::post_recv`].
+    pub fn post_recv(&self, cell: &Arc<QpCell>, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        self.ep.post_recv(cell, wr)
+    }
+
+    /// Take a QP out of the device: [`Endpoint::destroy_qp`].
+    pub fn destroy_qp(&self, cell: &Arc<QpCell>) {
+        self.ep.destroy_qp(cell, self);
+        // Let go of the receive path's cached reference now if it is free (else the next
+        // packet replaces it).
+        if let Ok(mut rx) = self.rx.try_lock() {
+            rx.work.forget_last_qp();
+        }
     }
 
     /// Drive a (locked) QP after a post, packet or timeout: [`Endpoint::drive`].

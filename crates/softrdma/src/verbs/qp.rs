@@ -226,37 +226,8 @@ impl Qp {
             let active = self.pd.device().query_port().active_mtu;
             clamped.path_mtu = clamped.path_mtu.min(active);
         }
-        let attr = &clamped;
         let engine = self.pd.device().engine();
-        let mut body = self.cell.lock();
-        if mask.contains(QpAttrMask::STATE)
-            && matches!(attr.qp_state, QpState::Err | QpState::Reset)
-            && body.qp.state() != attr.qp_state
-        {
-            // The peer may be waiting for an acknowledgement of what this QP received and
-            // completed; in the error state none is sent any more. rdma_disconnect moves the QP
-            // to the error state right after the application saw its last receive.
-            engine.flush_held(&mut body);
-        }
-        body.qp.modify(attr, mask)?;
-        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
-            // The QP's completions still in its CQs go with its queues (rdma-core's providers
-            // clean the CQ on RESET): a QP brought up again polls only its new work.
-            let qpn = self.qp_num();
-            self.cell.send_cq.purge_qp(qpn);
-            self.cell.recv_cq.purge_qp(qpn);
-        }
-        if mask.contains(QpAttrMask::AV)
-            && let Some(av) = attr.av
-        {
-            body.peer = Some(engine.av_dest(&av));
-            // A new peer: its source port is latched anew.
-            body.peer_src_port = None;
-        }
-        let now = engine.now();
-        engine.drive(&self.cell, &mut body, now);
-        engine.mark_active(now);
-        Ok(())
+        Ok(engine.modify_qp(&self.cell, &clamped, mask)?)
     }
 
     /// Bring a fresh QP to RTS towards a peer: RESET→INIT→RTR→RTS with `attr` supplying path
@@ -302,30 +273,16 @@ impl Qp {
     /// Post a send work request (`ibv_post_send`). The packets it makes go out from this
     /// thread before it returns (as far as the send window allows).
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
-        let engine = self.pd.device().engine();
-        let mut body = self.cell.lock();
-        body.qp.post_send(wr)?;
-        let now = engine.now();
-        engine.drive(&self.cell, &mut body, now);
-        Ok(())
+        Ok(self.pd.device().engine().post_send(&self.cell, wr)?)
     }
 
     /// Post several send work requests; stops at the first refused one and returns its index
     /// with the error (as `bad_wr`).
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, VerbsError)> {
         let engine = self.pd.device().engine();
-        let mut body = self.cell.lock();
-        let mut res = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = body.qp.post_send(wr) {
-                res = Err((i, e.into()));
-                break;
-            }
-        }
-        let now = engine.now();
-        engine.drive(&self.cell, &mut body, now);
-        engine.mark_active(now);
-        res
+        engine
+            .post_send_list(&self.cell, wrs)
+            .map_err(|(i, e)| (i, e.into()))
     }
 
     /// Post several send work requests under one lock of the QP, transmitted together when
@@ -348,12 +305,7 @@ impl Qp {
                 "this QP takes its receives from an SRQ".into(),
             ));
         }
-        let engine = self.pd.device().engine();
-        let mut body = self.cell.lock();
-        body.qp.post_recv(wr)?;
-        // In the error state the receive completes at once (flushed): move it to the CQ.
-        engine.drain_completions(&self.cell, &mut body);
-        Ok(())
+        Ok(self.pd.device().engine().post_recv(&self.cell, wr)?)
     }
 
     /// Post several receive work requests under one lock of the QP (`ibv_post_recv` with a
@@ -379,18 +331,7 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        let engine = self.pd.device().engine();
-        engine.remove_qp(self.cell.qpn);
-        let mut body = self.cell.lock();
-        // The peer may be waiting for an acknowledgement this QP holds back (busy-poll mode).
-        engine.flush_held(&mut body);
-        let attr = QpAttr {
-            qp_state: QpState::Err,
-            ..*body.qp.attr()
-        };
-        let _ = body.qp.modify(&attr, QpAttrMask::STATE);
-        let now = engine.now();
-        engine.drive(&self.cell, &mut body, now);
+        self.pd.device().engine().destroy_qp(&self.cell);
     }
 }
 
