@@ -135,23 +135,18 @@ pub(crate) unsafe extern "C" fn bind_mw(
                     (None, _) => return Err(libc::EINVAL),
                 };
                 let k = w.vmw.draw_type1_key().map_err(|e| e.errno())?;
-                let wr = verbs::SendWr {
-                    wr_id: b.wr_id,
-                    opcode: verbs::WrOpcode::BindMw {
-                        mw_rkey: w.vmw.rkey(),
-                        new_rkey: k,
-                        mr_lkey: vmr.map_or(0, |v| v.lkey()),
-                        addr: info.addr,
-                        length: info.length,
-                        access: Access(info.mw_access_flags),
-                    },
-                    send_flags: verbs::SendFlags(b.send_flags),
-                    sg_list: &[],
-                    inline_data: None,
-                    ud: None,
+                let bind = verbs::MwBind {
+                    mw: &w.vmw,
+                    new_rkey: k,
+                    mr: vmr,
+                    addr: info.addr,
+                    length: info.length,
+                    access: Access(info.mw_access_flags),
                 };
-                q.vqp.post_batch().post(&wr).map_err(|e| e.errno())?;
-                w.vmw.bound_by_wr(vmr.filter(|_| info.length > 0), k);
+                let flags = verbs::SendFlags(b.send_flags);
+                (q.vqp.post_batch())
+                    .bind_mw(b.wr_id, flags, &bind)
+                    .map_err(|e| e.errno())?;
                 // SAFETY: the window is live; the application must not use it concurrently
                 // with a bind.
                 unsafe { (*mw).rkey = k };

@@ -167,19 +167,30 @@ fn post_one(
         wr.sg_list = &[];
         wr.inline_data = Some(inline);
     }
-    batch.post(&wr).map_err(|e| e.errno())?;
-    if let WrOpcode::BindMw { new_rkey, .. } = opcode {
+    if let WrOpcode::BindMw {
+        new_rkey,
+        addr,
+        length,
+        access,
+        ..
+    } = opcode
+    {
         // SAFETY: for IBV_WR_BIND_MW `ext.bind_mw` is the meaningful variant (plain data).
         let bind = unsafe { w.ext.bind_mw };
         // SAFETY: registry-checked pointers; the C API forbids destroying them concurrently.
-        if let (Some(mw), Some(mr)) =
-            unsafe { (Mw::from_ibv(bind.mw), Mr::from_ibv(bind.bind_info.mr)) }
-            && let Some(vmr) = &mr.vmr
-        {
-            mw.vmw.bound_by_wr(Some(vmr), new_rkey);
-        }
+        let (mw, mr) = unsafe { (Mw::from_ibv(bind.mw), Mr::from_ibv(bind.bind_info.mr)) };
+        let (mw, mr) = (mw.ok_or(libc::EINVAL)?, mr.ok_or(libc::EINVAL)?);
+        let bind = softrdma::verbs::MwBind {
+            mw: &mw.vmw,
+            new_rkey,
+            mr: Some(mr.vmr.as_ref().ok_or(libc::EINVAL)?),
+            addr,
+            length,
+            access,
+        };
+        return batch.bind_mw(w.wr_id, flags, &bind).map_err(|e| e.errno());
     }
-    Ok(())
+    batch.post(&wr).map_err(|e| e.errno())
 }
 
 fn store_bad<W>(bad: *mut *mut W, w: *mut W) {

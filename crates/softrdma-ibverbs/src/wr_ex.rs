@@ -475,22 +475,57 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     inline_data: w.inline.as_deref(),
                     ud: w.ud,
                 };
-                if let Err(e) = post.post(&wr) {
-                    return e.errno();
-                }
-                if let (Some((mw, mr)), WrOpcode::BindMw { new_rkey, .. }) = (w.bind, w.opcode) {
-                    // SAFETY: registry-checked pointers; the C API keeps them alive.
-                    if let (Some(mw), Some(mr)) =
-                        unsafe { (Mw::from_ibv(mw), crate::mr::Mr::from_ibv(mr)) }
-                        && let Some(vmr) = &mr.vmr
-                    {
-                        mw.vmw.bound_by_wr(Some(vmr), new_rkey);
-                    }
+                let posted = match (w.bind, w.opcode) {
+                    (Some((mw, mr)), WrOpcode::BindMw { .. }) => bind_in(&mut post, w, mw, mr),
+                    _ => post.post(&wr).map_err(|e| e.errno()),
+                };
+                if let Err(e) = posted {
+                    return e;
                 }
             }
             0
         },
     )
+}
+
+/// Post the bind `w` of window `mw` to region `mr` in `post`, recorded in the window
+/// (`verbs::PostBatch::bind_mw`).
+fn bind_in(
+    post: &mut softrdma::verbs::PostBatch<'_>,
+    w: &Building,
+    mw: *mut ibv_mw,
+    mr: *mut ibv_mr,
+) -> Result<(), c_int> {
+    let WrOpcode::BindMw {
+        new_rkey,
+        addr,
+        length,
+        access,
+        ..
+    } = w.opcode
+    else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: registry-checked pointers; the C API keeps them alive.
+    let (mw, mr) = unsafe { (Mw::from_ibv(mw), crate::mr::Mr::from_ibv(mr)) };
+    let (mw, mr) = (mw.ok_or(libc::EINVAL)?, mr.ok_or(libc::EINVAL)?);
+    let bind = softrdma::verbs::MwBind {
+        mw: &mw.vmw,
+        new_rkey,
+        mr: Some(mr.vmr.as_ref().ok_or(libc::EINVAL)?),
+        addr,
+        length,
+        access,
+    };
+    let flags = SendFlags(
+        w.flags.0
+            | if w.inline.is_some() {
+                SendFlags::INLINE.0
+            } else {
+                0
+            },
+    );
+    post.bind_mw(w.wr_id, flags, &bind).map_err(|e| e.errno())
 }
 
 /// A guard for the batch of a QP (the QP owns one).

@@ -333,21 +333,20 @@ fn memory_windows_of_both_types() {
             .unwrap();
         // Type 2: bound by a work request on this QP to [8192, 8192+512), read and write.
         let new2 = (mw2.rkey() & !0xff) | ((mw2.rkey().wrapping_add(1)) & 0xff);
-        let wr = SendWr::new(
-            50,
-            WrOpcode::BindMw {
-                mw_rkey: mw2.rkey(),
-                new_rkey: new2,
-                mr_lkey: n.mr.lkey(),
-                addr: n.mr.iova() + 8192,
-                length: 512,
-                access: Access::REMOTE_WRITE | Access::REMOTE_READ,
-            },
-        )
-        .flags(SendFlags::SIGNALED);
-        qp.post_send(&wr).unwrap();
+        let bind = MwBind {
+            mw: &mw2,
+            new_rkey: new2,
+            mr: Some(&n.mr),
+            addr: n.mr.iova() + 8192,
+            length: 512,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+        };
+        (qp.post_batch())
+            .bind_mw(50, SendFlags::SIGNALED, &bind)
+            .unwrap();
+        // The window records its bind at once: its new key, and the region it holds.
+        assert_eq!(mw2.rkey(), new2);
         ok(one(&n.cq), 50);
-        mw2.bound_by_wr(Some(&n.mr), new2);
         l.send(&format!("{} {} {}", k1, new2, n.mr.iova()));
         let inv = ok(one(&n.cq), 9);
         let mut b = [0u8; 4];

@@ -41,7 +41,7 @@ pub use error::VerbsError;
 pub use mr::{Mr, MrRereg};
 pub use mw::Mw;
 pub use pd::Pd;
-pub use qp::{Ah, PostBatch, Qp, QpInitAttr, RecvBatch, random_psn};
+pub use qp::{Ah, MwBind, PostBatch, Qp, QpInitAttr, RecvBatch, random_psn};
 pub use srq::Srq;
 
 pub use crate::mem::{

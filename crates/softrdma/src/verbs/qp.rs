@@ -4,9 +4,11 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Cq, Pd, Srq, VerbsError};
+use super::{Access, Cq, Mr, Mw, Pd, Srq, VerbsError};
 use crate::net::{QpCell, QpGuard};
-use crate::rc::{self, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendWr, UdDest};
+use crate::rc::{
+    self, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, UdDest, WrOpcode,
+};
 use crate::wire::{IcrcContext, IcrcPrefix};
 
 /// What a QP is created with (`ibv_qp_init_attr`).
@@ -346,6 +348,25 @@ pub struct PostBatch<'a> {
     consumes_receive: bool,
 }
 
+/// A bind of a memory window by a work request ([`PostBatch::bind_mw`]): the window, the
+/// R_Key it gets, and the part of a region it grants (`mr` `None` or `length` 0: unbound).
+#[derive(Clone, Copy, Debug)]
+pub struct MwBind<'a> {
+    /// The window.
+    pub mw: &'a Mw,
+    /// Its key once bound (a type 1 window's from [`Mw::draw_type1_key`]; a type 2
+    /// window's differs from its current key in the low 8 bits).
+    pub new_rkey: u32,
+    /// The region the window lies in.
+    pub mr: Option<&'a Mr>,
+    /// Start of the window.
+    pub addr: u64,
+    /// Length of the window.
+    pub length: u64,
+    /// Remote access it grants.
+    pub access: Access,
+}
+
 impl PostBatch<'_> {
     /// Post one send work request (`ibv_post_send` for one element of the list).
     pub fn post(&mut self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
@@ -355,6 +376,33 @@ impl PostBatch<'_> {
         body.qp.post_send(wr)?;
         self.posted = true;
         self.consumes_receive |= wr.opcode.consumes_receive();
+        Ok(())
+    }
+
+    /// Post a `BIND_MW` work request (`ibv_post_send` with `IBV_WR_BIND_MW`, and
+    /// `ibv_bind_mw`) and record the bind in the window: it holds the region's handle while
+    /// it may refer to it, and answers [`Mw::rkey`] with its new key.
+    pub fn bind_mw(
+        &mut self,
+        wr_id: u64,
+        flags: SendFlags,
+        bind: &MwBind<'_>,
+    ) -> Result<(), VerbsError> {
+        let wr = SendWr::new(
+            wr_id,
+            WrOpcode::BindMw {
+                mw_rkey: bind.mw.rkey(),
+                new_rkey: bind.new_rkey,
+                mr_lkey: bind.mr.map_or(0, Mr::lkey),
+                addr: bind.addr,
+                length: bind.length,
+                access: bind.access,
+            },
+        )
+        .flags(flags);
+        self.post(&wr)?;
+        let mr = bind.mr.filter(|_| bind.length > 0);
+        bind.mw.bound_by_wr(mr, bind.new_rkey);
         Ok(())
     }
 }
