@@ -435,6 +435,23 @@ pub fn roce_packet_type(net: NetworkHdr) -> u8 {
     }
 }
 
+/// Empty polls in a row, per thread, after which one yields the CPU.
+const YIELD_EVERY: u32 = 16;
+
+/// Count an empty poll of this thread; true every [`YIELD_EVERY`]-th. A yield is a system
+/// call: after every empty poll it delayed a completion that arrived meanwhile by its
+/// length, and a spinning application (perftest) polls back to back.
+fn empty_poll_yields() -> bool {
+    thread_local! {
+        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    EMPTY.with(|e| {
+        let n = e.get().wrapping_add(1);
+        e.set(n);
+        n.is_multiple_of(YIELD_EVERY)
+    })
+}
+
 /// Poll `c` for up to `want` completions into `wc`, through a staging array of `N`.
 ///
 /// # Safety
@@ -480,8 +497,13 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ib
             } else {
                 unsafe { poll_into::<32>(c, wc, want) }
             };
-            // An empty poll yields the CPU now and then (`verbs::Cq::poll`).
             c.report_overrun();
+            if done == 0 && empty_poll_yields() {
+                // Nothing yet: give the CPU to whoever is runnable here (the engine thread,
+                // or a peer process on a small machine) instead of spinning through its
+                // time slice.
+                std::thread::yield_now();
+            }
             done as c_int
         },
     )

@@ -148,11 +148,3 @@ pub const DOORBELL_NAP_MAX: u64 = 480_000;
 
 /// The longest the engine thread sleeps (ns): a safety net (`stop` wakes it).
 pub const ENGINE_IDLE: u64 = 50_000_000;
-
-// The verbs.
-
-/// Polls of a CQ in a row that find nothing, per thread, after which the polling thread
-/// yields the CPU (`Cq::poll`, and so `ibv_poll_cq`). Yielding after every empty poll delayed
-/// each completion that arrived meanwhile by a system call: `ib_write_lat` 6.5-7.5 -> 5.3 us
-/// when it went from every poll to every 16th.
-pub const EMPTY_POLLS_PER_YIELD: u32 = 16;

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use super::{Device, VerbsError, WorkCompletion};
 use crate::net::{ChannelCore, CqCore, PollMode};
-pub use crate::params::EMPTY_POLLS_PER_YIELD;
 
 /// A completion channel (`ibv_comp_channel`): its file descriptor becomes readable when an
 /// armed CQ gets a completion; usable with poll, epoll and async reactors.
@@ -80,21 +79,7 @@ impl Cq {
     /// on the way to each); a poll of an armed CQ (the last look before waiting for its
     /// event) does not make the thread a busy poller, so the engine thread keeps the receive
     /// path while it sleeps.
-    ///
-    /// Every [`EMPTY_POLLS_PER_YIELD`]-th poll of a thread that finds nothing yields the CPU
-    /// to whoever is runnable (the engine thread, or a peer process on a small machine)
-    /// instead of spinning through its time slice; not every one: a yield is a system call,
-    /// which delays a completion that arrives meanwhile, and a spinning application polls back
-    /// to back.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
-        let n = self.poll_once(wc);
-        if n == 0 && empty_poll_yields() {
-            std::thread::yield_now();
-        }
-        n
-    }
-
-    fn poll_once(&self, wc: &mut [WorkCompletion]) -> usize {
         if self.device.engine().mode() != PollMode::BusyPoll {
             return self.core.poll(wc);
         }
@@ -154,16 +139,4 @@ impl Cq {
         }
         Ok(())
     }
-}
-
-/// Count an empty poll of this thread; true every [`EMPTY_POLLS_PER_YIELD`]-th.
-fn empty_poll_yields() -> bool {
-    thread_local! {
-        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    }
-    EMPTY.with(|e| {
-        let n = e.get().wrapping_add(1);
-        e.set(n);
-        n.is_multiple_of(EMPTY_POLLS_PER_YIELD)
-    })
 }
