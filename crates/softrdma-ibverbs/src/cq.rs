@@ -11,7 +11,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use softrdma::verbs::{self, EMPTY_WC, NetworkHdr, WcStatus, WorkCompletion};
+use softrdma::verbs::{self, EMPTY_WC, NetworkHdr, WorkCompletion};
 
 use crate::abi::*;
 use crate::channel::CompChannel;
@@ -463,10 +463,8 @@ unsafe fn poll_into<const N: usize>(c: &Cq, wc: *mut ibv_wc, want: usize) -> usi
         let k = c.vcq.poll(&mut buf[..(want - done).min(N)]);
         for w in &buf[..k] {
             // SAFETY: `done < want` and `wc` has room for `want` entries (the caller's).
+            // (A completion in error reports IBV_EVENT_QP_FATAL from `verbs::Cq::poll`.)
             unsafe { wc.add(done).write(to_ibv_wc(w)) };
-            if w.status != WcStatus::Success && w.status != WcStatus::WrFlushErr {
-                crate::qp::report_fatal(&c.shared, w.qp_num);
-            }
             done += 1;
         }
         if k < N {

@@ -101,39 +101,14 @@ fn by_qpn() -> std::sync::MutexGuard<'static, HashMap<(usize, u32), usize>> {
     BY_QPN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A completion with an error status arrived for QP `qpn` of `shared`: report
-/// `IBV_EVENT_QP_FATAL` once (the QP is in the error state now).
-///
-/// One thread may poll a CQ while another destroys a QP whose completions are in it, so the
-/// QP is reached only while the `BY_QPN` lock is held: `ibv_destroy_qp` takes the QP out of
-/// that map (under the same lock) before it frees it.
-pub fn report_fatal(shared: &Arc<Shared>, qpn: u32) {
-    let map = by_qpn();
-    let Some(p) = map.get(&(Arc::as_ptr(shared) as usize, qpn)).copied() else {
-        return;
-    };
-    let qp = p as *mut ibv_qp;
-    #[cfg(feature = "race-window")]
-    race_window::pause();
-    // SAFETY: in the map, so not yet freed; it stays allocated while `map` is held.
-    let q = unsafe { &*qp.cast::<Qp>() };
-    if !q.fatal_reported.swap(true, Ordering::AcqRel) {
-        shared.async_event(ibv_async_event {
-            element: ibv_async_event_element { qp },
-            event_type: IBV_EVENT_QP_FATAL,
-        });
-    }
-    drop(map);
-}
-
 /// A test seam (feature `race-window`, never in a release build): holds open the window
-/// between `report_fatal` finding a QP and touching it, so that `tests/fatal_race.rs` can run
+/// between `report_async` finding a QP and touching it, so that `tests/fatal_race.rs` can run
 /// `ibv_destroy_qp` inside it under AddressSanitizer.
 #[cfg(feature = "race-window")]
 pub mod race_window {
     use std::sync::Mutex;
 
-    /// Called by `report_fatal` after it found the QP, before it touches it.
+    /// Called by `report_async` after it found the QP, before it touches it.
     pub static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
 
     pub(super) fn pause() {
@@ -146,13 +121,20 @@ pub mod race_window {
     }
 }
 
-/// An asynchronous event of the engine of `dev`: a QP ended by an access violation (a region
-/// it used was invalidated, or its own access met vanished memory) reports
-/// `IBV_EVENT_QP_ACCESS_ERR` on its context's async fd, once, in place of the
-/// `IBV_EVENT_QP_FATAL` its error completions would report.
+/// An asynchronous event of the engine of `dev`, on the async fd of the context owning the
+/// QP, once per QP: `IBV_EVENT_QP_ACCESS_ERR` for a QP ended by an access violation (a region
+/// it used was invalidated, or its own access met vanished memory), `IBV_EVENT_QP_FATAL` for
+/// one whose work request completed in error (reported as the completion is polled);
+/// whichever comes first.
+///
+/// One thread may poll a CQ while another destroys a QP whose completions are in it, so the
+/// QP is reached only while the `BY_QPN` lock is held: `ibv_destroy_qp` takes the QP out of
+/// that map (under the same lock) before it frees it.
 pub fn report_async(dev: &'static crate::device::Device, ev: verbs::AsyncEvent) {
-    let verbs::AsyncEvent::QpAccessError { qp_num, .. } = ev else {
-        return;
+    let (qp_num, event_type) = match ev {
+        verbs::AsyncEvent::QpAccessError { qp_num, .. } => (qp_num, IBV_EVENT_QP_ACCESS_ERR),
+        verbs::AsyncEvent::QpFatal { qp_num } => (qp_num, IBV_EVENT_QP_FATAL),
+        verbs::AsyncEvent::RegionInvalidated { .. } => return,
     };
     let map = by_qpn();
     for (&(_, qpn), &p) in map.iter() {
@@ -160,12 +142,14 @@ pub fn report_async(dev: &'static crate::device::Device, ev: verbs::AsyncEvent) 
             continue;
         }
         let qp = p as *mut ibv_qp;
+        #[cfg(feature = "race-window")]
+        race_window::pause();
         // SAFETY: in the map, so not yet freed; it stays allocated while `map` is held.
         let q = unsafe { &*qp.cast::<Qp>() };
         if std::ptr::eq(q.shared.dev, dev) && !q.fatal_reported.swap(true, Ordering::AcqRel) {
             q.shared.async_event(ibv_async_event {
                 element: ibv_async_event_element { qp },
-                event_type: IBV_EVENT_QP_ACCESS_ERR,
+                event_type,
             });
         }
     }
@@ -311,7 +295,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if !registry::remove(qp, Kind::Qp) {
             return Err(libc::EINVAL);
         }
-        // Out of the event map first: a concurrent `report_fatal` finishes with it before the
+        // Out of the event map first: a concurrent `report_async` finishes with it before the
         // lock is ours, and none reaches it afterwards.
         {
             // SAFETY: claimed from the registry: a live Qp, freed only below.

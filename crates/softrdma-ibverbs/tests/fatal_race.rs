@@ -1,13 +1,14 @@
 //! The QP-fatal report of `ibv_poll_cq` against a concurrent `ibv_destroy_qp`.
 //!
-//! `ibv_poll_cq` reports `IBV_EVENT_QP_FATAL` for an error completion by finding the QP by
-//! number and touching it; the C API lets another thread destroy that QP meanwhile. The
+//! `ibv_poll_cq` reports `IBV_EVENT_QP_FATAL` for an error completion (`verbs::Cq::poll`
+//! raises `AsyncEvent::QpFatal`, whose hook, `report_async`, finds the QP by number and
+//! touches it); the C API lets another thread destroy that QP meanwhile. The
 //! library's test seam (feature `race-window`) holds the window between "found" and "touched"
 //! open for a while and this test runs `ibv_destroy_qp` inside it: `ibv_destroy_qp` must wait
 //! until the report is done with the QP, and the report must name the QP. When the destroy
 //! does not wait (the QP freed while the report still holds a pointer to it: a use after
 //! free), the test fails deterministically, with or without AddressSanitizer (which then
-//! reports the heap-use-after-free in `report_fatal`); `scripts/test` runs it as
+//! reports the heap-use-after-free in `report_async`); `scripts/test` runs it as
 //! `cargo test -p softrdma-ibverbs --features race-window --test fatal_race`.
 #![cfg(feature = "race-window")]
 

@@ -251,7 +251,7 @@ fn munmap_tears_down_every_qp_using_the_region(port: u16, mode: PollMode) {
                 assert_eq!(lkey, r.lkey());
                 torn.push(qp_num);
             }
-            None => {}
+            Some(AsyncEvent::QpFatal { .. }) | None => {}
         }
     }
     // Unmapped from the watcher; an access that met the vanished pages before the watcher

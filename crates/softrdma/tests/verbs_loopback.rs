@@ -1644,3 +1644,33 @@ fn a_receive_batch_posts_every_request_up_to_a_refused_one() {
         .collect();
     assert_eq!(got, vec![(10, 16), (11, 17)]);
 }
+
+/// A work request that completes in error reports its QP's `QpFatal` once, when the
+/// completion is polled (`IBV_EVENT_QP_FATAL` in C); the flushed completions after it report
+/// nothing more.
+#[test]
+fn an_error_completion_reports_qp_fatal_once() {
+    let (a, _b) = pair(24_830, PollMode::BusyPoll);
+    let mr = a.pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let bad = Sge {
+        lkey: mr.lkey() ^ 0x5a5a_0000,
+        ..mr.sge(0, 64)
+    };
+    for id in 1..=3u64 {
+        let wr = SendWr::new(id, WrOpcode::Send)
+            .sg(std::slice::from_ref(&bad))
+            .flags(SendFlags::SIGNALED);
+        // The QP is in the error state after the first: the others are flushed.
+        let _ = a.qp.post_send(&wr);
+    }
+    let wcs = a.cq.wait(3, Duration::from_secs(10));
+    assert_eq!(wcs.len(), 3, "{wcs:?}");
+    assert_eq!(wcs[0].status, WcStatus::LocProtErr, "{wcs:?}");
+    assert!(wcs[1..].iter().all(|w| w.status == WcStatus::WrFlushErr));
+    let qp_num = a.qp.qp_num();
+    assert_eq!(
+        a.dev.get_async_event(Duration::from_secs(1)),
+        Some(AsyncEvent::QpFatal { qp_num })
+    );
+    assert_eq!(a.dev.get_async_event(Duration::from_millis(100)), None);
+}

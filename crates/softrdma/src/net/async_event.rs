@@ -30,10 +30,18 @@ pub enum AsyncEvent {
         /// The invalidated region's key.
         lkey: u32,
     },
+    /// A work request of the QP completed in error (other than flushed) and the QP is in the
+    /// error state (`IBV_EVENT_QP_FATAL`): reported when the completion is polled, once per
+    /// QP, and not for a QP whose `QpAccessError` came first.
+    QpFatal {
+        /// The QP's number.
+        qp_num: u32,
+    },
 }
 
 /// A callback that receives every event instead of the queue. It runs on the engine
-/// thread (with no QP locked) and must not block.
+/// thread, or for `QpFatal` on the thread that polled the completion, with no QP locked, and
+/// must not block.
 pub type AsyncEventHook = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
 
 /// Events queued at most (later ones are dropped and counted).

@@ -4,7 +4,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Device, VerbsError, WorkCompletion};
+use super::{Device, VerbsError, WcStatus, WorkCompletion};
 use crate::net::{ChannelCore, CqCore, PollMode};
 
 /// A completion channel (`ibv_comp_channel`): its file descriptor becomes readable when an
@@ -79,7 +79,20 @@ impl Cq {
     /// on the way to each); a poll of an armed CQ (the last look before waiting for its
     /// event) does not make the thread a busy poller, so the engine thread keeps the receive
     /// path while it sleeps.
+    ///
+    /// A completion in error (other than flushed) reports its QP's
+    /// [`AsyncEvent::QpFatal`](super::AsyncEvent::QpFatal), once per QP.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
+        let n = self.poll_once(wc);
+        for w in &wc[..n] {
+            if !matches!(w.status, WcStatus::Success | WcStatus::WrFlushErr) {
+                self.device.engine().endpoint().report_fatal(w.qp_num);
+            }
+        }
+        n
+    }
+
+    fn poll_once(&self, wc: &mut [WorkCompletion]) -> usize {
         if self.device.engine().mode() != PollMode::BusyPoll {
             return self.core.poll(wc);
         }

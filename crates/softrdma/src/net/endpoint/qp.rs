@@ -141,6 +141,8 @@ pub struct QpCell {
     pub(crate) deadline: AtomicU64,
     /// `AsyncEvent::QpAccessError` was reported for it.
     pub(crate) violation_reported: AtomicBool,
+    /// `AsyncEvent::QpFatal` was reported for it.
+    pub(crate) fatal_reported: AtomicBool,
 }
 
 /// A locked QP ([`QpCell::lock`]): its body; unlocking publishes the transport's next
@@ -205,6 +207,7 @@ impl QpCell {
             srq,
             deadline: AtomicU64::new(u64::MAX),
             violation_reported: AtomicBool::new(false),
+            fatal_reported: AtomicBool::new(false),
         }
     }
 

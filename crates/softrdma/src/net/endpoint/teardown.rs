@@ -123,6 +123,25 @@ impl Endpoint {
         torn
     }
 
+    /// A work request of QP `qpn` completed in error (its completion was just polled): one
+    /// `AsyncEvent::QpFatal` per QP, none once its `QpAccessError` was reported (the C ABI
+    /// reports `IBV_EVENT_QP_FATAL` or `IBV_EVENT_QP_ACCESS_ERR`, whichever comes first). Takes
+    /// no QP lock.
+    pub fn report_fatal(&self, qpn: u32) {
+        let cell = self
+            .qps
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&qpn)
+            .cloned();
+        let Some(cell) = cell else { return };
+        if !cell.violation_reported.load(Ordering::Acquire)
+            && !cell.fatal_reported.swap(true, Ordering::AcqRel)
+        {
+            self.events.push(AsyncEvent::QpFatal { qp_num: qpn });
+        }
+    }
+
     /// One `QpAccessError` per QP (counted in `access_violations`).
     fn report_violation(&self, cell: &QpCell, lkey: u32) {
         if !cell.violation_reported.swap(true, Ordering::AcqRel) {
