@@ -208,7 +208,11 @@ fn ud_and_uc_pingpong_transfer() {
 }
 
 /// perftest over UD and UC (`-c UD`, `-c UC`): SEND bandwidth and latency on UD, WRITE and
-/// SEND bandwidth on UC.
+/// SEND bandwidth on UC. UC SEND runs for a time (`-D 1`), not a count: its 64 KiB messages
+/// leave unthrottled (UC has no acknowledgements), and while the other tests of this binary
+/// load both cores the receiver can fall behind by more than its socket buffer holds; a UC
+/// message that loses a packet is lost, and a receiver counting iterations waits for it for
+/// ever (as between two rxe peers; the interop suite runs it the same way).
 #[test]
 fn perftest_ud_and_uc_runs() {
     let ips = ("127.0.0.24", "127.0.0.23");
@@ -216,7 +220,7 @@ fn perftest_ud_and_uc_runs() {
         ("ib_send_bw", &["-c", "UD", "-n", "500"], "BW average"),
         ("ib_send_lat", &["-c", "UD", "-n", "500"], "t_avg"),
         ("ib_write_bw", &["-c", "UC", "-n", "500"], "BW average"),
-        ("ib_send_bw", &["-c", "UC", "-n", "500"], "BW average"),
+        ("ib_send_bw", &["-c", "UC", "-D", "1"], "BW average"),
     ];
     for (i, (t, extra, header)) in runs.iter().enumerate() {
         let mut args = vec!["-x", "0"];
@@ -228,8 +232,11 @@ fn perftest_ud_and_uc_runs() {
             .nth(1)
             .unwrap_or("");
         let n = row.split_whitespace().nth(1);
+        let timed = extra.contains(&"-D");
         assert!(
-            n == Some("500") || n == Some("1000"),
+            n == Some("500")
+                || n == Some("1000")
+                || (timed && n.and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n > 0)),
             "{t} {extra:?}: no result row:\n{client}"
         );
     }
