@@ -200,6 +200,9 @@ enum Step {
     Serve,
 }
 
+/// A QP as the invariants see it: packets received, progress mark, latched port, expected PSN.
+type QpView = (u64, (u32, u32), Option<u16>, Psn);
+
 /// What the device sent: destination, bytes, segment size.
 type Sent = Vec<(SocketAddr, Vec<u8>, usize)>;
 
@@ -457,7 +460,7 @@ impl World {
         unsafe { core::slice::from_raw_parts(self.s.host as *const u8, self.s.host_len) }
     }
 
-    fn from_addr(&self, f: From) -> SocketAddr {
+    fn sender_addr(&self, f: From) -> SocketAddr {
         match f {
             From::PeerA => self.s.peers[0],
             From::PeerAOtherPort => self.s.peer_alt,
@@ -564,7 +567,7 @@ impl World {
 
     /// The bytes of a datagram and its segment size.
     fn datagram(&self, d: &Dgram) -> (Vec<u8>, usize) {
-        let src = self.from_addr(d.from);
+        let src = self.sender_addr(d.from);
         let SocketAddr::V4(s) = src else {
             unreachable!()
         };
@@ -677,7 +680,7 @@ impl World {
     }
 
     /// The QPs' transport-visible state: packets received, progress, latched port.
-    fn snapshot(&self) -> Vec<(u64, (u32, u32), Option<u16>, Psn)> {
+    fn snapshot(&self) -> Vec<QpView> {
         self.cells
             .iter()
             .map(|c| {
@@ -726,7 +729,7 @@ impl World {
     fn step(&mut self, s: &Step) {
         match s {
             Step::Datagram(d) => {
-                let src = self.from_addr(d.from);
+                let src = self.sender_addr(d.from);
                 let (data, segment) = self.datagram(d);
                 let expect = data.chunks(segment.max(1)).count();
                 let before = self.snapshot();
