@@ -167,30 +167,47 @@ fn post_one(
         wr.sg_list = &[];
         wr.inline_data = Some(inline);
     }
-    if let WrOpcode::BindMw {
+    if let WrOpcode::BindMw { .. } = opcode {
+        // SAFETY: for IBV_WR_BIND_MW `ext.bind_mw` is the meaningful variant (plain data).
+        let bind = unsafe { w.ext.bind_mw };
+        return post_bind(batch, w.wr_id, flags, opcode, bind.mw, bind.bind_info.mr);
+    }
+    batch.post(&wr).map_err(|e| e.errno())
+}
+
+/// Post the bind `opcode` (a `BindMw`) of window `mw` to region `mr` in `batch`, recorded in
+/// the window (`verbs::PostBatch::bind_mw`): EINVAL for another opcode or a pointer that names
+/// no live window or region.
+pub(crate) fn post_bind(
+    batch: &mut PostBatch<'_>,
+    wr_id: u64,
+    flags: SendFlags,
+    opcode: WrOpcode,
+    mw: *mut ibv_mw,
+    mr: *mut ibv_mr,
+) -> Result<(), c_int> {
+    let WrOpcode::BindMw {
         new_rkey,
         addr,
         length,
         access,
         ..
     } = opcode
-    {
-        // SAFETY: for IBV_WR_BIND_MW `ext.bind_mw` is the meaningful variant (plain data).
-        let bind = unsafe { w.ext.bind_mw };
-        // SAFETY: registry-checked pointers; the C API forbids destroying them concurrently.
-        let (mw, mr) = unsafe { (Mw::from_ibv(bind.mw), Mr::from_ibv(bind.bind_info.mr)) };
-        let (mw, mr) = (mw.ok_or(libc::EINVAL)?, mr.ok_or(libc::EINVAL)?);
-        let bind = softrdma::verbs::MwBind {
-            mw: &mw.vmw,
-            new_rkey,
-            mr: Some(mr.vmr.as_ref().ok_or(libc::EINVAL)?),
-            addr,
-            length,
-            access,
-        };
-        return batch.bind_mw(w.wr_id, flags, &bind).map_err(|e| e.errno());
-    }
-    batch.post(&wr).map_err(|e| e.errno())
+    else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: registry-checked pointers; the C API forbids destroying them concurrently.
+    let (mw, mr) = unsafe { (Mw::from_ibv(mw), Mr::from_ibv(mr)) };
+    let (mw, mr) = (mw.ok_or(libc::EINVAL)?, mr.ok_or(libc::EINVAL)?);
+    let bind = softrdma::verbs::MwBind {
+        mw: &mw.vmw,
+        new_rkey,
+        mr: Some(mr.vmr.as_ref().ok_or(libc::EINVAL)?),
+        addr,
+        length,
+        access,
+    };
+    batch.bind_mw(wr_id, flags, &bind).map_err(|e| e.errno())
 }
 
 fn store_bad<W>(bad: *mut *mut W, w: *mut W) {

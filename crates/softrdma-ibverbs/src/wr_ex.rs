@@ -476,7 +476,9 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     ud: w.ud,
                 };
                 let posted = match (w.bind, w.opcode) {
-                    (Some((mw, mr)), WrOpcode::BindMw { .. }) => bind_in(&mut post, w, mw, mr),
+                    (Some((mw, mr)), WrOpcode::BindMw { .. }) => {
+                        crate::post::post_bind(&mut post, w.wr_id, flags, w.opcode, mw, mr)
+                    }
                     _ => post.post(&wr).map_err(|e| e.errno()),
                 };
                 if let Err(e) = posted {
@@ -486,46 +488,6 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
             0
         },
     )
-}
-
-/// Post the bind `w` of window `mw` to region `mr` in `post`, recorded in the window
-/// (`verbs::PostBatch::bind_mw`).
-fn bind_in(
-    post: &mut softrdma::verbs::PostBatch<'_>,
-    w: &Building,
-    mw: *mut ibv_mw,
-    mr: *mut ibv_mr,
-) -> Result<(), c_int> {
-    let WrOpcode::BindMw {
-        new_rkey,
-        addr,
-        length,
-        access,
-        ..
-    } = w.opcode
-    else {
-        return Err(libc::EINVAL);
-    };
-    // SAFETY: registry-checked pointers; the C API keeps them alive.
-    let (mw, mr) = unsafe { (Mw::from_ibv(mw), crate::mr::Mr::from_ibv(mr)) };
-    let (mw, mr) = (mw.ok_or(libc::EINVAL)?, mr.ok_or(libc::EINVAL)?);
-    let bind = softrdma::verbs::MwBind {
-        mw: &mw.vmw,
-        new_rkey,
-        mr: Some(mr.vmr.as_ref().ok_or(libc::EINVAL)?),
-        addr,
-        length,
-        access,
-    };
-    let flags = SendFlags(
-        w.flags.0
-            | if w.inline.is_some() {
-                SendFlags::INLINE.0
-            } else {
-                0
-            },
-    );
-    post.bind_mw(w.wr_id, flags, &bind).map_err(|e| e.errno())
 }
 
 /// A guard for the batch of a QP (the QP owns one).

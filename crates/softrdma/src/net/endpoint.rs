@@ -199,6 +199,15 @@ impl Endpoint {
         cell
     }
 
+    /// The QP with this number, if the device has it.
+    pub(crate) fn cell(&self, qpn: u32) -> Option<Arc<QpCell>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned()
+    }
+
     /// QPs registered.
     pub fn qp_count(&self) -> usize {
         self.qps.read().unwrap_or_else(|e| e.into_inner()).len()

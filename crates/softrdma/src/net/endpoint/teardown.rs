@@ -70,13 +70,7 @@ impl Endpoint {
             match g {
                 Gone::Region(inv) => torn += self.tear_down_region(inv, io),
                 Gone::Access { qpn, key } => {
-                    let cell = self
-                        .qps
-                        .read()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .get(&qpn)
-                        .cloned();
-                    let Some(cell) = cell else { continue };
+                    let Some(cell) = self.cell(qpn) else { continue };
                     // The QP's lock is released before the report (whose hook may take locks
                     // of its own).
                     let ended = cell.lock().qp.state() == QpState::Err;
@@ -128,13 +122,7 @@ impl Endpoint {
     /// reports `IBV_EVENT_QP_FATAL` or `IBV_EVENT_QP_ACCESS_ERR`, whichever comes first). Takes
     /// no QP lock.
     pub fn report_fatal(&self, qpn: u32) {
-        let cell = self
-            .qps
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&qpn)
-            .cloned();
-        let Some(cell) = cell else { return };
+        let Some(cell) = self.cell(qpn) else { return };
         if !cell.violation_reported.load(Ordering::Acquire)
             && !cell.fatal_reported.swap(true, Ordering::AcqRel)
         {
