@@ -27,7 +27,7 @@ use softrdma::rc::{
     Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, SendFlags, SendWr, Sge, WcOpcode,
     WcStatus, WrOpcode,
 };
-use softrdma::wire::{
+use softrdma::wire::{AddressVector, 
     AethRepr, AtomicAckEthRepr, BthRepr, HeaderRepr, IcrcContext, Opcode, Packet, Psn, Syndrome,
 };
 
@@ -254,7 +254,7 @@ impl World {
         self.qp
             .connect(&QpAttr {
                 qp_access_flags: Access::LOCAL_WRITE,
-                av: Some(IcrcContext::v4(IA, IB, port(QPN))),
+                av: Some(AddressVector::from_context(IcrcContext::v4(IA, IB, port(QPN)))),
                 path_mtu: Mtu::Mtu256,
                 timeout: 1,
                 retry_cnt: self.retry_cnt,

@@ -33,7 +33,7 @@ use softrdma::net::{CqCore, Endpoint, EndpointIo, QpCell, Received, RxWork, TxBa
 use softrdma::rc::{
     Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpInit, QpState, RecvWr, SendFlags, SendWr, Sge, WrOpcode,
 };
-use softrdma::wire::{
+use softrdma::wire::{AddressVector, 
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, HeaderRepr, Headers, IcrcContext, IpHeader,
     OpKind, Opcode, Packet, Psn, RethRepr, Syndrome,
 };
@@ -419,7 +419,7 @@ impl World {
         body.qp
             .connect(&QpAttr {
                 qp_access_flags: LW | RW | RR | RA,
-                av: Some(IcrcContext::v4(DEVICE, *p.ip(), 0xc000)),
+                av: Some(AddressVector::from_context(IcrcContext::v4(DEVICE, *p.ip(), 0xc000))),
                 path_mtu: Mtu::Mtu256,
                 timeout: 14,
                 retry_cnt: 7,

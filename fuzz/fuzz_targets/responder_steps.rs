@@ -28,7 +28,7 @@ use softrdma::mem::{
     MemoryTable, MwType, PinMode, RawCopy, WatchMode,
 };
 use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, QpState, RecvWr, Sge, WcOpcode};
-use softrdma::wire::{
+use softrdma::wire::{AddressVector, 
     AtomicEthRepr, BthRepr, FethRepr, HeaderRepr, Headers, IcrcContext, OpKind, Opcode, Packet,
     Psn, RethRepr,
 };
@@ -423,7 +423,7 @@ impl World {
         self.qp
             .connect(&QpAttr {
                 qp_access_flags: self.qp_access,
-                av: Some(IcrcContext::v4(IA, IB, port(QPN))),
+                av: Some(AddressVector::from_context(IcrcContext::v4(IA, IB, port(QPN)))),
                 path_mtu: Mtu::Mtu256,
                 timeout: 14,
                 retry_cnt: 7,

@@ -25,7 +25,7 @@ use softrdma::mem::{Access, MemConfig, MemSource, MemoryTable, PinMode, RawCopy,
 use softrdma::rc::{
     DatagramSource, GRH_LEN, Mtu, Qp, QpAttr, QpCap, QpInit, QpType, RecvWr, Sge, WcStatus,
 };
-use softrdma::wire::{
+use softrdma::wire::{AddressVector, 
     BthRepr, DethRepr, HeaderRepr, IcrcContext, IpHeader, Opcode, Packet, Psn, RethRepr,
 };
 
@@ -165,7 +165,7 @@ impl World {
         .unwrap();
         let mut uc = mk(UC_QPN, QpType::Uc);
         uc.connect(&QpAttr {
-            av: Some(IcrcContext::v4(IB, IA, 0xc000)),
+            av: Some(AddressVector::from_context(IcrcContext::v4(IB, IA, 0xc000))),
             path_mtu: Mtu::Mtu256,
             dest_qp_num: PEER_QPN,
             rq_psn: UC_RQ_PSN,

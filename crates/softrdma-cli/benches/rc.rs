@@ -21,7 +21,7 @@ use softrdma::mem::{Access, MemConfig, MemSource, MemoryTable, MrInfo, PinMode};
 use softrdma::rc::{
     Gather, Mtu, Qp, QpAttr, QpCap, QpInit, RecvWr, SendFlags, SendWr, Sge, WcStatus, WrOpcode,
 };
-use softrdma::wire::{IcrcContext, IcrcPrefix, Packet};
+use softrdma::wire::{AddressVector, IcrcContext, IcrcPrefix, Packet};
 
 const IA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const IB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -34,7 +34,11 @@ fn port(qpn: u32) -> u16 {
 fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32) {
     q.connect(&QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        av: Some(IcrcContext::v4(local, remote, port(q.qp_num()))),
+        av: Some(AddressVector::from_context(IcrcContext::v4(
+            local,
+            remote,
+            port(q.qp_num()),
+        ))),
         path_mtu: Mtu::Mtu4096,
         timeout: 14,
         retry_cnt: 7,

@@ -19,7 +19,9 @@ use softrdma::mem::Access;
 use softrdma::rc::{
     DatagramSource, Mtu, Qp, QpAttr, QpCap, QpCounters, QpInit, QpType, Srq, UdDest, WorkCompletion,
 };
-use softrdma::wire::{Error as WireError, HeaderRepr, IcrcContext, IpHeader, Packet};
+use softrdma::wire::{
+    AddressVector, Error as WireError, HeaderRepr, IcrcContext, IpHeader, Packet,
+};
 
 use crate::memory::SimMemory;
 use crate::net::{Faults, InFlight, Network};
@@ -291,7 +293,7 @@ impl World {
     /// address `ip` (the address vector runs from `from`'s host to `ip`).
     pub fn ud_dest_ip(&self, from: QpRef, ip: Ipv4Addr, remote_qpn: u32, qkey: u32) -> UdDest {
         let av = IcrcContext::v4(self.eps[from.ep].ip, ip, self.src_port(from));
-        UdDest::new(av, remote_qpn, qkey)
+        UdDest::new(AddressVector::from_context(av), remote_qpn, qkey)
     }
 
     /// The destination of a UD work request from `from` to the QP `to`.
@@ -313,7 +315,9 @@ impl World {
             let port = self.src_port(r);
             let attr = QpAttr {
                 qp_access_flags: o.access,
-                av: Some(IcrcContext::v4(local, remote, port)),
+                av: Some(AddressVector::from_context(IcrcContext::v4(
+                    local, remote, port,
+                ))),
                 path_mtu: o.mtu,
                 timeout: o.timeout,
                 retry_cnt: o.retry_cnt,
@@ -347,7 +351,7 @@ impl World {
                 } else if let Some(dst) = self.eps[ei].peer[qi] {
                     let e = &mut self.eps[ei];
                     let qp = &mut e.qps[qi];
-                    let icrc = qp.attr().av;
+                    let icrc = qp.attr().av.map(|av| *av.context());
                     while let Some(n) = qp.poll_transmit(now, &e.mem, &mut self.buf) {
                         let Some(ctx) = icrc else { continue };
                         let id = self.net.send(now, ei, dst, ctx, &self.buf[..n]);
@@ -376,7 +380,7 @@ impl World {
             let Some(n) = qp.poll_transmit(now, &e.mem, &mut self.buf) else {
                 break;
             };
-            let Some(av) = dest else {
+            let Some(av) = dest.map(|av| *av.context()) else {
                 self.stats.undirected += 1;
                 continue;
             };

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use softrdma::mem::{Access, AccessCtx, AccessError, AtomicOp, Invalidator, MemoryAccess};
 use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, RecvWr, SendWr, Sge, WcStatus, WrOpcode};
-use softrdma::wire::{IcrcContext, Packet};
+use softrdma::wire::{AddressVector, IcrcContext, Packet};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -132,7 +132,11 @@ impl MemoryAccess for Flat {
 fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32, psn: (u32, u32)) {
     q.connect(&QpAttr {
         qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        av: Some(IcrcContext::v4(local, remote, 0xc000 | q.qp_num() as u16)),
+        av: Some(AddressVector::from_context(IcrcContext::v4(
+            local,
+            remote,
+            0xc000 | q.qp_num() as u16,
+        ))),
         path_mtu: Mtu::Mtu1024,
         rq_psn: psn.1,
         sq_psn: psn.0,
@@ -174,7 +178,7 @@ impl Link {
             (&*b, &mut *a, ma)
         };
         let ctx = src.attr().av.unwrap();
-        let p = Packet::parse_verified(&ctx, &self.bufs[i][..n]).expect("valid packet");
+        let p = Packet::parse_verified(ctx.prefix(), &self.bufs[i][..n]).expect("valid packet");
         dst.handle_packet(now, &p, m, None);
         self.free.push(i);
         true

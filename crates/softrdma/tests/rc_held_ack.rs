@@ -11,7 +11,7 @@ use softrdma::mem::{
 use softrdma::rc::{
     Gather, LAZY_ACK_NS, Mtu, Qp, QpAttr, QpCap, QpInit, SendFlags, SendWr, Sge, WcStatus, WrOpcode,
 };
-use softrdma::wire::{IcrcContext, NakCode, OpKind, Packet, Psn, Syndrome};
+use softrdma::wire::{AddressVector, IcrcContext, NakCode, OpKind, Packet, Psn, Syndrome};
 
 const IA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const IB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -35,7 +35,11 @@ fn port(qpn: u32) -> u16 {
 fn connect(q: &mut Qp, local: Ipv4Addr, remote: Ipv4Addr, dest: u32, sq: u32, rq: u32) {
     q.connect(&QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-        av: Some(IcrcContext::v4(local, remote, port(q.qp_num()))),
+        av: Some(AddressVector::from_context(IcrcContext::v4(
+            local,
+            remote,
+            port(q.qp_num()),
+        ))),
         path_mtu: Mtu::Mtu1024,
         timeout: 14,
         retry_cnt: 7,

@@ -10,8 +10,8 @@ use softrdma::mem::{
 };
 use softrdma::rc::{Mtu, NAK_SEQ_WINDOW, Qp, QpAttr, QpCap, QpInit, RecvWr, Sge, WcStatus};
 use softrdma::wire::{
-    AtomicEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, OpKind, Opcode, Packet, Psn,
-    RethRepr, Syndrome,
+    AddressVector, AtomicEthRepr, BthRepr, HeaderRepr, IcrcContext, NakCode, OpKind, Opcode,
+    Packet, Psn, RethRepr, Syndrome,
 };
 
 const VICTIM: u32 = 0x22;
@@ -69,11 +69,11 @@ fn victim(max_dest_rd_atomic: u8) -> Victim {
     .unwrap();
     qp.connect(&QpAttr {
         qp_access_flags: all,
-        av: Some(IcrcContext::v4(
+        av: Some(AddressVector::from_context(IcrcContext::v4(
             Ipv4Addr::new(127, 0, 0, 2),
             Ipv4Addr::new(127, 0, 0, 1),
             0xc022,
-        )),
+        ))),
         path_mtu: Mtu::Mtu1024,
         rq_psn: EPSN,
         sq_psn: 1,
@@ -447,11 +447,11 @@ fn a_send_past_the_largest_message_is_refused_before_its_offset_wraps() {
     .unwrap();
     qp.connect(&QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        av: Some(IcrcContext::v4(
+        av: Some(AddressVector::from_context(IcrcContext::v4(
             Ipv4Addr::new(127, 0, 0, 2),
             Ipv4Addr::new(127, 0, 0, 1),
             0xc022,
-        )),
+        ))),
         path_mtu: Mtu::Mtu4096,
         rq_psn: EPSN,
         sq_psn: 1,

@@ -12,8 +12,8 @@ use softrdma::mem::{
 };
 use softrdma::rc::{Mtu, Qp, QpAttr, QpCap, QpInit, QpState, RecvWr, Sge, WcOpcode, WcStatus};
 use softrdma::wire::{
-    AtomicEthRepr, BthRepr, HeaderRepr, IcrcContext, OpKind, Opcode, Packet, Psn, RethRepr,
-    Syndrome,
+    AddressVector, AtomicEthRepr, BthRepr, HeaderRepr, IcrcContext, OpKind, Opcode, Packet, Psn,
+    RethRepr, Syndrome,
 };
 
 const RESPONDER: u32 = 0x22;
@@ -61,11 +61,11 @@ fn responder() -> Responder {
     .unwrap();
     qp.connect(&QpAttr {
         qp_access_flags: all,
-        av: Some(IcrcContext::v4(
+        av: Some(AddressVector::from_context(IcrcContext::v4(
             Ipv4Addr::new(127, 0, 0, 2),
             Ipv4Addr::new(127, 0, 0, 1),
             0xc022,
-        )),
+        ))),
         path_mtu: Mtu::Mtu1024,
         rq_psn: EPSN,
         sq_psn: 1,

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use softrdma::mem::{Access, MemConfig, MemSource, MemoryTable, PinMode};
 use softrdma::rc::{Gather, Mtu, Qp, QpAttr, QpCap, QpInit, SendFlags, SendWr, Sge, WrOpcode};
-use softrdma::wire::{IcrcContext, Opcode, Packet};
+use softrdma::wire::{AddressVector, IcrcContext, Opcode, Packet};
 
 const IA: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const IB: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -62,7 +62,7 @@ fn side_of(raw: bool) -> Side {
     qp.set_send_window(1 << 20);
     qp.connect(&QpAttr {
         qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        av: Some(IcrcContext::v4(IA, IB, 0xc011)),
+        av: Some(AddressVector::from_context(IcrcContext::v4(IA, IB, 0xc011))),
         path_mtu: Mtu::Mtu1024,
         timeout: 14,
         retry_cnt: 7,

@@ -27,7 +27,7 @@ use super::udp::TxBatch;
 use crate::mem::MemoryTable;
 pub use crate::params::{ACK_DELAY, RESPONSE_BUDGET};
 use crate::params::{TIMER_SCAN, TIMER_SLACK_PER_QP};
-use crate::wire::{IcrcContext, IcrcPrefix, IdDeltas, IpHeader};
+use crate::wire::{AddressVector, IcrcPrefix, IdDeltas};
 
 mod qp;
 mod receive;
@@ -156,30 +156,11 @@ impl Endpoint {
         &self.mem
     }
 
-    /// The IP/UDP context for packets from this device to `peer` from UDP port `src_port`.
-    pub fn path_to(&self, peer: IpAddr, src_port: u16) -> IcrcContext {
-        match (self.local.ip(), peer) {
-            (IpAddr::V4(l), IpAddr::V4(p)) => IcrcContext::v4(l, p, src_port),
-            (IpAddr::V6(l), IpAddr::V6(p)) => IcrcContext::v6(l, p, src_port),
-            (IpAddr::V6(l), IpAddr::V4(p)) => IcrcContext::v6(l, p.to_ipv6_mapped(), src_port),
-            (IpAddr::V4(l), IpAddr::V6(p)) => match p.to_ipv4_mapped() {
-                Some(p4) => IcrcContext::v4(l, p4, src_port),
-                None => IcrcContext::v6(l.to_ipv6_mapped(), p, src_port),
-            },
-        }
-    }
-
-    /// The socket address an address vector sends to (an IPv4-mapped IPv6 destination is
-    /// reached over IPv4 from an IPv4 device).
-    pub fn av_dest(&self, av: &IcrcContext) -> SocketAddr {
-        let ip = match av.ip {
-            IpHeader::V4 { dst, .. } => IpAddr::V4(dst),
-            IpHeader::V6 { dst, .. } => match dst.to_ipv4_mapped() {
-                Some(v4) if self.local.is_ipv4() => IpAddr::V4(v4),
-                _ => IpAddr::V6(dst),
-            },
-        };
-        SocketAddr::new(ip, av.dst_port)
+    /// The address vector from this device to the device at `peer` (which listens on the
+    /// same UDP port as this one: a device sends from the port it listens on).
+    pub fn av_to(&self, peer: IpAddr) -> AddressVector {
+        let port = self.local.port();
+        AddressVector::new(self.local.ip(), peer, port, port)
     }
 
     /// Register a QP for demultiplexing.

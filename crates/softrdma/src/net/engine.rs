@@ -39,7 +39,7 @@ use crate::params::{
     WAKER_DELAY, WAKER_PUSH,
 };
 use crate::rc::{ModifyError, PostError, QpAttr, QpAttrMask, RecvWr, SendWr};
-use crate::wire::IcrcContext;
+use crate::wire::AddressVector;
 
 mod doorbell;
 mod receive;
@@ -209,14 +209,9 @@ impl Engine {
         &self.ep.events
     }
 
-    /// See [`Endpoint::path_to`].
-    pub fn path_to(&self, peer: IpAddr, src_port: u16) -> IcrcContext {
-        self.ep.path_to(peer, src_port)
-    }
-
-    /// See [`Endpoint::av_dest`].
-    pub fn av_dest(&self, av: &IcrcContext) -> SocketAddr {
-        self.ep.av_dest(av)
+    /// See [`Endpoint::av_to`].
+    pub fn av_to(&self, peer: IpAddr) -> AddressVector {
+        self.ep.av_to(peer)
     }
 
     /// Register a QP for demultiplexing.

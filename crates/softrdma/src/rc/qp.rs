@@ -20,7 +20,7 @@ use super::{
     CreateError, MAX_MSG_SIZE, MAX_OVERHEAD, MAX_SGE, ModifyError, PostError, QpType, qp_state::Mtu,
 };
 use crate::mem::{AccessCtx, MemoryAccess};
-use crate::wire::{IcrcPrefix, Packet, Psn};
+use crate::wire::{AddressVector, Packet, Psn};
 
 /// Queue sizes (`ibv_qp_cap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,9 +95,6 @@ pub struct Qp {
     sq_sig_all: bool,
     state: QpState,
     attr: QpAttr,
-    /// The address vector's ICRC context with its covered headers computed ahead (kept with
-    /// `attr.av`).
-    icrc: Option<IcrcPrefix>,
     send: SendSide,
     recv: RecvSide,
     send_cq: VecDeque<WorkCompletion>,
@@ -136,7 +133,6 @@ impl Qp {
             sq_sig_all: init.sq_sig_all,
             state: QpState::Reset,
             attr: QpAttr::default(),
-            icrc: None,
             send: SendSide::new(
                 c.max_send_wr as usize,
                 c.max_inline_data as usize,
@@ -245,9 +241,6 @@ impl Qp {
         let to = check_modify(self.qp_type, self.state, attr, mask)?;
         let has = |m| mask.contains(m);
         self.attr.take_masked(attr, mask);
-        if has(QpAttrMask::AV) {
-            self.icrc = attr.av.map(IcrcPrefix::new);
-        }
         if has(QpAttrMask::RQ_PSN) {
             self.recv.epsn = Psn::new(attr.rq_psn);
         }
@@ -320,7 +313,6 @@ impl Qp {
         self.send_cq.clear();
         self.recv_cq.clear();
         self.attr = QpAttr::default();
-        self.icrc = None;
         debug_assert!(self.send_cq.capacity() >= depth);
     }
 

@@ -5,7 +5,7 @@
 use super::QpType;
 use crate::mem::Access;
 pub use crate::params::MAX_RD_ATOMIC;
-use crate::wire::{IcrcContext, Psn};
+use crate::wire::{AddressVector, Psn};
 
 /// `enum ibv_qp_state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -218,8 +218,9 @@ pub struct QpAttr {
     pub pkey_index: u16,
     /// Port number (1).
     pub port_num: u8,
-    /// The path to the peer: the IP/UDP context packets travel in (stands for `ah_attr`).
-    pub av: Option<IcrcContext>,
+    /// The path to the peer (stands for `ah_attr`): where packets go and the IP/UDP context
+    /// their ICRC covers.
+    pub av: Option<AddressVector>,
     /// Path MTU.
     pub path_mtu: Mtu,
     /// Local ACK timeout: 4.096 us x 2^timeout; 0 means infinite (0-31).

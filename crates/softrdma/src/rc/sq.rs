@@ -317,7 +317,7 @@ impl SendSide {
 
     /// UD: the destination of the next WQE to send (local operations before it are executed
     /// by the same transmit poll).
-    pub fn next_ud_dest(&self) -> Option<crate::wire::IcrcContext> {
+    pub fn next_ud_dest(&self) -> Option<crate::wire::AddressVector> {
         (self.req_seq.max(self.sq.head)..self.sq.tail)
             .map(|s| self.sq.get(s))
             .find(|w| w.done.is_none() && !w.op.is_local())

@@ -27,15 +27,14 @@ use std::net::IpAddr;
 
 use super::wr::{SendWr, WrOpcode};
 use super::{GRH_LEN, PostError, QpType};
-use crate::wire::{IcrcContext, IcrcPrefix, IpHeader};
+use crate::wire::{AddressVector, IcrcPrefix, IpHeader};
 
 /// A UD work request's destination (`ibv_send_wr.wr.ud`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UdDest {
-    /// The path: the address handle's IP/UDP context, with the CRC of its covered headers
-    /// computed when the destination was made, not for every datagram sent by it. Private,
-    /// so that the two cannot disagree: the context is read back from the prefix.
-    icrc: IcrcPrefix,
+    /// The path: the address handle's, with the CRC of its covered headers computed when
+    /// the address vector was made, not for every datagram sent by it.
+    av: AddressVector,
     /// The destination QP (24 bits).
     pub remote_qpn: u32,
     /// The Q_Key to send with; with its high bit set, the QP's own Q_Key is sent instead.
@@ -43,29 +42,23 @@ pub struct UdDest {
 }
 
 impl UdDest {
-    /// QP `remote_qpn` with Q_Key `remote_qkey` by the path `av` (the CRC of its covered
-    /// headers is computed here, once).
-    pub fn new(av: IcrcContext, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest::by(IcrcPrefix::new(av), remote_qpn, remote_qkey)
-    }
-
-    /// [`UdDest::new`] by a path whose prefix is computed already (an address handle's).
-    pub fn by(icrc: IcrcPrefix, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+    /// QP `remote_qpn` with Q_Key `remote_qkey` by the path `av`.
+    pub fn new(av: AddressVector, remote_qpn: u32, remote_qkey: u32) -> UdDest {
         UdDest {
-            icrc,
+            av,
             remote_qpn,
             remote_qkey,
         }
     }
 
-    /// The path: the address handle's IP/UDP context.
-    pub fn av(&self) -> IcrcContext {
-        *self.icrc.context()
+    /// The path: the address handle's address vector.
+    pub fn av(&self) -> AddressVector {
+        self.av
     }
 
-    /// The path with the CRC of its covered headers.
+    /// The path's IP/UDP context with the CRC of its covered headers.
     pub(super) fn icrc(&self) -> &IcrcPrefix {
-        &self.icrc
+        self.av.prefix()
     }
 }
 

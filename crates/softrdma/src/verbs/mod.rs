@@ -55,3 +55,4 @@ pub use crate::rc::{
     GRH_LEN, MAX_SGE, Mtu, NetworkHdr, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
     SendFlags, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
+pub use crate::wire::AddressVector;

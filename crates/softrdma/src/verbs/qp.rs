@@ -9,7 +9,7 @@ use crate::net::{QpCell, QpGuard};
 use crate::rc::{
     self, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SendWr, UdDest, WrOpcode,
 };
-use crate::wire::{IcrcContext, IcrcPrefix};
+use crate::wire::AddressVector;
 
 /// What a QP is created with (`ibv_qp_init_attr`).
 #[derive(Clone, Debug)]
@@ -53,8 +53,7 @@ impl QpInitAttr {
 pub struct Ah {
     /// The address vector, with the CRC of its covered headers computed once for every
     /// datagram sent by this handle.
-    icrc: IcrcPrefix,
-    remote: SocketAddr,
+    av: AddressVector,
     _pd: Pd,
 }
 
@@ -62,13 +61,8 @@ impl Ah {
     /// The address handle for the port at `remote` (the peer's GID as an IP address; its
     /// device listens on the same UDP port as this one, 4791 unless configured otherwise).
     pub fn new(pd: &Pd, remote: IpAddr) -> Ah {
-        let e = pd.device().engine();
-        let port = e.local_addr().port();
-        let mut av = e.path_to(remote, port);
-        av.dst_port = port;
         Ah {
-            icrc: IcrcPrefix::new(av),
-            remote: SocketAddr::new(remote, port),
+            av: pd.device().engine().av_to(remote),
             _pd: pd.clone(),
         }
     }
@@ -88,16 +82,16 @@ impl Ah {
     }
     /// The remote port's address.
     pub fn remote(&self) -> SocketAddr {
-        self.remote
+        self.av.dest()
     }
     /// The address vector.
-    pub fn av(&self) -> IcrcContext {
-        *self.icrc.context()
+    pub fn av(&self) -> AddressVector {
+        self.av
     }
     /// A UD destination through this handle: QP `remote_qpn` with Q_Key `remote_qkey` (a
     /// Q_Key with the high bit set sends the QP's own).
     pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest::by(self.icrc, remote_qpn, remote_qkey)
+        UdDest::new(self.av, remote_qpn, remote_qkey)
     }
 }
 
@@ -211,11 +205,8 @@ impl Qp {
     }
 
     /// The address vector for a peer at `remote` (`ah_attr` with the peer's GID).
-    pub fn av_for(&self, remote: IpAddr) -> IcrcContext {
-        let e = self.pd.device().engine();
-        let mut ctx = e.path_to(remote, self.src_port());
-        ctx.dst_port = e.local_addr().port();
-        ctx
+    pub fn av_for(&self, remote: IpAddr) -> AddressVector {
+        self.pd.device().engine().av_to(remote)
     }
 
     /// Modify the QP (`ibv_modify_qp`). With `AV` in the mask, `attr.av` names the peer. A

@@ -4,7 +4,8 @@
 //! `new_checked` validates the length once so accessors never fail, and a plain `*Repr`
 //! struct with `parse`/`emit`. The rest of the stack talks `Repr`s; only this module touches
 //! bytes. [`opcode`] describes every opcode once; [`packet`] assembles a whole UDP payload
-//! (headers, payload, pad, ICRC) and takes one apart; [`icrc`] computes the invariant CRC.
+//! (headers, payload, pad, ICRC) and takes one apart; [`icrc`] computes the invariant CRC;
+//! [`av`] is the path between two ports that yields both a destination and an ICRC prefix.
 //!
 //! References: IBTA Architecture Specification vol. 1 (ch. 9, transport layer) and its
 //! RoCEv2 annex (A17).
@@ -12,6 +13,7 @@
 pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
+pub mod av;
 pub mod bth;
 pub mod cm;
 pub mod cma;
@@ -28,6 +30,7 @@ pub mod reth;
 pub use aeth::{Aeth, AethRepr, NakCode, Syndrome};
 pub use atomic_ack_eth::{AtomicAckEth, AtomicAckEthRepr};
 pub use atomic_eth::{AtomicEth, AtomicEthRepr};
+pub use av::AddressVector;
 pub use bth::{Bth, BthRepr};
 pub use deth::{Deth, DethRepr};
 pub use feth::{Feth, FethRepr};

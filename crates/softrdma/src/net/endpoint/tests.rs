@@ -14,7 +14,7 @@ use crate::net::udp::{Received, TxBatch};
 use crate::rc::{
     Mtu, Qp, QpAttr, QpCap, QpInit, SendFlags, SendWr, Sge, WcStatus, WorkCompletion, WrOpcode,
 };
-use crate::wire::{IcrcContext, ROCE_PORT};
+use crate::wire::{AddressVector, ROCE_PORT};
 
 const LEN: usize = 8192;
 
@@ -105,17 +105,12 @@ impl Host {
 
     /// Connect the QP to `peer`'s QP `dest` (PSNs 100 out, 100 in).
     fn connect(&self, peer: SocketAddr, dest: u32) {
-        let std::net::IpAddr::V4(local) = self.addr.ip() else {
-            unreachable!()
-        };
-        let std::net::IpAddr::V4(remote) = peer.ip() else {
-            unreachable!()
-        };
+        let av = AddressVector::new(self.addr.ip(), peer.ip(), self.addr.port(), peer.port());
         let mut body = self.cell.lock();
         body.qp
             .connect(&QpAttr {
                 qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-                av: Some(IcrcContext::v4(local, remote, ROCE_PORT)),
+                av: Some(av),
                 path_mtu: Mtu::Mtu1024,
                 timeout: 14,
                 retry_cnt: 7,

@@ -100,8 +100,7 @@ impl Endpoint {
             if !answer && !qp.has_request_work() {
                 break;
             }
-            let Some(to) = dst.or_else(|| qp.next_datagram_dest().map(|av| self.av_dest(&av)))
-            else {
+            let Some(to) = dst.or_else(|| qp.next_datagram_dest().map(|av| av.dest())) else {
                 break;
             };
             let v4 = to.is_ipv4();

@@ -36,7 +36,7 @@ impl Endpoint {
         if mask.contains(QpAttrMask::AV)
             && let Some(av) = attr.av
         {
-            body.peer = Some(self.av_dest(&av));
+            body.peer = Some(av.dest());
             body.peer_src_port = None;
         }
         self.drive(cell, &mut body, io.now(), io);

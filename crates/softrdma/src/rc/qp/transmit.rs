@@ -62,7 +62,7 @@ impl Qp {
     /// UD: where the next request goes (each work request names its destination), so that a
     /// driver addresses the datagram before building it. `None` for RC and UC (they send to
     /// the address vector) and when no request waits.
-    pub fn next_datagram_dest(&self) -> Option<crate::wire::IcrcContext> {
+    pub fn next_datagram_dest(&self) -> Option<AddressVector> {
         if self.qp_type != QpType::Ud {
             return None;
         }
@@ -131,7 +131,7 @@ impl Qp {
         if self.qp_type.is_unreliable() {
             return self.transmit_unreliable(now, mem, buf, gather);
         }
-        let icrc = self.icrc?;
+        let icrc = *self.attr.av.as_ref()?.prefix();
         let answer = match answers {
             Answers::All => self.recv.has_response(),
             Answers::HoldLoneAck => self.recv.has_response() && !self.recv.has_lone_ack(),
@@ -191,7 +191,7 @@ impl Qp {
             sqd: self.state == QpState::Sqd,
             actx: self.actx(),
             mem,
-            icrc: self.icrc.as_ref(),
+            icrc: self.attr.av.as_ref().map(AddressVector::prefix),
             qkey: self.attr.qkey,
         };
         let out = self.send.poll_unreliable(&env, buf, gather);
