@@ -435,24 +435,9 @@ pub fn roce_packet_type(net: NetworkHdr) -> u8 {
     }
 }
 
-/// Empty polls in a row, per thread, after which one yields the CPU.
-const YIELD_EVERY: u32 = 16;
-
-/// Count an empty poll of this thread; true every [`YIELD_EVERY`]-th. A yield is a system
-/// call: after every empty poll it delayed a completion that arrived meanwhile by its
-/// length, and a spinning application (perftest) polls back to back.
-fn empty_poll_yields() -> bool {
-    thread_local! {
-        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    }
-    EMPTY.with(|e| {
-        let n = e.get().wrapping_add(1);
-        e.set(n);
-        n.is_multiple_of(YIELD_EVERY)
-    })
-}
-
-/// Poll `c` for up to `want` completions into `wc`, through a staging array of `N`.
+/// Poll `c` for up to `want` completions into `wc`, through a staging array of `N`. The first
+/// poll is a spinning one (`verbs::Cq::poll_spinning`): a C program polls in a loop, and an
+/// empty `ibv_poll_cq` now and then gives the CPU away.
 ///
 /// # Safety
 /// `wc` has room for `want` entries.
@@ -460,7 +445,12 @@ unsafe fn poll_into<const N: usize>(c: &Cq, wc: *mut ibv_wc, want: usize) -> usi
     let mut buf = [EMPTY_WC; N];
     let mut done = 0usize;
     while done < want {
-        let k = c.vcq.poll(&mut buf[..(want - done).min(N)]);
+        let chunk = &mut buf[..(want - done).min(N)];
+        let k = if done == 0 {
+            c.vcq.poll_spinning(chunk)
+        } else {
+            c.vcq.poll(chunk)
+        };
         for w in &buf[..k] {
             // SAFETY: `done < want` and `wc` has room for `want` entries (the caller's).
             // (A completion in error reports IBV_EVENT_QP_FATAL from `verbs::Cq::poll`.)
@@ -496,12 +486,6 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ib
                 unsafe { poll_into::<32>(c, wc, want) }
             };
             c.report_overrun();
-            if done == 0 && empty_poll_yields() {
-                // Nothing yet: give the CPU to whoever is runnable here (the engine thread,
-                // or a peer process on a small machine) instead of spinning through its
-                // time slice.
-                std::thread::yield_now();
-            }
             done as c_int
         },
     )

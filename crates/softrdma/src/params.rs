@@ -148,3 +148,9 @@ pub const DOORBELL_NAP_MAX: u64 = 480_000;
 
 /// The longest the engine thread sleeps (ns): a safety net (`stop` wakes it).
 pub const ENGINE_IDLE: u64 = 50_000_000;
+
+/// [`crate::verbs::Cq::poll_spinning`] yields the CPU on every `YIELD_EVERY`-th empty poll
+/// of a thread (counted, never reset). A yield is a system call: after every empty poll it
+/// delayed a completion that arrived meanwhile by its length, and a spinning application
+/// (perftest) polls back to back.
+pub const YIELD_EVERY: u32 = 16;

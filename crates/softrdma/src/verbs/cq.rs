@@ -92,6 +92,19 @@ impl Cq {
         n
     }
 
+    /// [`Cq::poll`] for a caller that polls in a loop and does nothing else meanwhile (a
+    /// benchmark's or a C program's `while (!ibv_poll_cq(...))`): every
+    /// [`YIELD_EVERY`](crate::params::YIELD_EVERY)-th empty poll of this thread gives
+    /// the CPU to whoever is runnable (the engine thread, or the peer process on a small
+    /// machine) instead of spinning through its time slice. `ibv_poll_cq` polls this way.
+    pub fn poll_spinning(&self, wc: &mut [WorkCompletion]) -> usize {
+        let n = self.poll(wc);
+        if n == 0 && empty_poll_yields() {
+            std::thread::yield_now();
+        }
+        n
+    }
+
     fn poll_once(&self, wc: &mut [WorkCompletion]) -> usize {
         if self.device.engine().mode() != PollMode::BusyPoll {
             return self.core.poll(wc);
@@ -152,4 +165,16 @@ impl Cq {
         }
         Ok(())
     }
+}
+
+/// Count an empty poll of this thread; true every [`YIELD_EVERY`](crate::params::YIELD_EVERY)-th.
+fn empty_poll_yields() -> bool {
+    thread_local! {
+        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    EMPTY.with(|e| {
+        let n = e.get().wrapping_add(1);
+        e.set(n);
+        n.is_multiple_of(crate::params::YIELD_EVERY)
+    })
 }
