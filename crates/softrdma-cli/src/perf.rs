@@ -197,6 +197,12 @@ pub struct PerfOpts {
     /// message that finds no receive is lost].
     #[arg(long)]
     pub rx_depth: Option<u32>,
+    /// Latency tests in perftest's pattern (`ib_write_lat`, `ib_send_lat`): every work request
+    /// signaled and its send completion awaited, the payload gathered from the registered
+    /// buffer by its key. By default only every 64th is signaled and payloads up to 64 bytes
+    /// are inline, which is less work per round.
+    #[arg(long)]
+    pub signal_all: bool,
 }
 
 impl PerfOpts {
@@ -247,6 +253,9 @@ struct Ctx {
     posted_recvs: Cell<u32>,
     /// Receives to keep posted (the receive queue's size).
     rx_depth: u32,
+    /// `--signal-all`: latency tests signal every request, send from the buffer by key and
+    /// wait for each send completion.
+    signal_all: bool,
 }
 
 const MAX_SIZE: usize = 1 << 20;
@@ -310,6 +319,7 @@ fn open(local: IpAddr, opts: &PerfOpts, buf_len: usize, conn: Connection) -> Res
         recv_len,
         posted_recvs: Cell::new(0),
         rx_depth,
+        signal_all: opts.signal_all,
     })
 }
 
@@ -642,12 +652,12 @@ fn recv_loop(
                 got += 1;
                 if echo {
                     let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
-                    let flags = if posted % 64 == 63 {
+                    let flags = if c.signal_all || posted % 64 == 63 {
                         SendFlags::SIGNALED
                     } else {
                         SendFlags::NONE
                     };
-                    let wr = if size <= 64 {
+                    let wr = if size <= 64 && !c.signal_all {
                         SendWr::new(posted, WrOpcode::Send)
                             .inline(&small[..size])
                             .flags(flags | SendFlags::INLINE)
@@ -835,7 +845,7 @@ fn write_pingpong(
         let t0 = Instant::now();
         let send = |c: &Ctx, src: &mut Vec<u8>| -> Res<()> {
             src[size - 1] = marker;
-            let signaled = i % 64 == 63 || i + 1 == iters;
+            let signaled = c.signal_all || i % 64 == 63 || i + 1 == iters;
             let flags = if signaled {
                 SendFlags::SIGNALED
             } else {
@@ -848,7 +858,7 @@ fn write_pingpong(
                     rkey: peer.rkey,
                 },
             );
-            if size <= 64 {
+            if size <= 64 && !c.signal_all {
                 c.qp.post_send(&wr.inline(src).flags(flags | SendFlags::INLINE))?;
             } else {
                 c.mr.write(MAX_SIZE as u64, src)?;
@@ -859,6 +869,9 @@ fn write_pingpong(
         };
         if client {
             send(c, &mut src)?;
+            if c.signal_all {
+                await_send_completion(c, &mut wc, deadline)?;
+            }
         }
         let mut spins = 0u32;
         let mut look = true;
@@ -891,6 +904,9 @@ fn write_pingpong(
         }
         if !client {
             send(c, &mut src)?;
+            if c.signal_all {
+                await_send_completion(c, &mut wc, deadline)?;
+            }
         }
         times.push(t0.elapsed());
         // Send completions (every 64th WRITE is signaled) are bookkeeping, not part of the
@@ -901,6 +917,23 @@ fn write_pingpong(
         }
     }
     Ok(times)
+}
+
+/// `--signal-all`: poll until the completion of the send just posted (signaled) arrives, as
+/// perftest's latency tests do after each post; receive completions are not expected here.
+fn await_send_completion(c: &Ctx, wc: &mut [WorkCompletion], deadline: Instant) -> Res<()> {
+    let mut spins = 0u32;
+    loop {
+        let n = c.cq.poll(&mut wc[..1]);
+        if n > 0 {
+            return check(&wc[0]);
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(1024) && Instant::now() > deadline {
+            return Err("timed out waiting for a send completion".into());
+        }
+        idle_after_poll(c);
+    }
 }
 
 /// Results of one row.
@@ -1125,13 +1158,13 @@ fn send_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Dur
     };
     for i in 0..iters {
         let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
-        let flags = if i % 64 == 63 {
+        let flags = if c.signal_all || i % 64 == 63 {
             SendFlags::SIGNALED
         } else {
             SendFlags::NONE
         };
         let wr = SendWr::new(i, WrOpcode::Send);
-        let wr = if size <= 64 {
+        let wr = if size <= 64 && !c.signal_all {
             wr.inline(&small[..size]).flags(flags | SendFlags::INLINE)
         } else {
             wr.sg(&sge).flags(flags)

@@ -1,4 +1,4 @@
-//! `softrdma perf` over UC and UD: server and client as two processes on loopback, short runs
+//! `softrdma perf` over UC and UD, and in perftest's latency pattern: server and client as two processes on loopback, short runs
 //! that must end on their own with nonzero throughput. Each test has its own addresses and TCP
 //! port, so that they run in parallel (and beside a loopback run on 127.0.0.1/127.0.0.2).
 
@@ -164,6 +164,17 @@ fn uc_write_lat_and_send_lat() {
     let args = ["-c", "uc", "-s", "64", "-n", "300"];
     assert_lat(&perf("write_lat", &args, 94, 28794)[0], "UC", 300);
     assert_lat(&perf("send_lat", &args, 94, 28794)[0], "UC", 300);
+}
+
+#[test]
+fn latency_tests_in_perftests_pattern() {
+    // `--signal-all`: every request signaled and its completion awaited, payloads by key.
+    for conn in ["rc", "uc"] {
+        let args = ["-c", conn, "-s", "8", "-n", "300", "--signal-all"];
+        let name = conn.to_uppercase();
+        assert_lat(&perf("write_lat", &args, 97, 28797)[0], &name, 300);
+        assert_lat(&perf("send_lat", &args, 97, 28797)[0], &name, 300);
+    }
 }
 
 #[test]
