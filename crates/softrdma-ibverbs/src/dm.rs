@@ -20,7 +20,7 @@ use softrdma::verbs::{Access, MemSource};
 use crate::abi::*;
 use crate::context::{Shared, shared_of};
 use crate::errno::{ffi_errno, ffi_ptr};
-use crate::mr::{Pd, Registration, reg_source};
+use crate::mr::{DmHold, Pd, Registration, reg_source};
 use crate::registry::{self, Kind};
 
 /// What offsets and lengths of copies to and from device memory must be multiples of.
@@ -79,16 +79,6 @@ impl Dm {
             Some(end) if end <= self.len => Ok(offset),
             _ => Err(libc::EINVAL),
         }
-    }
-}
-
-/// A region's claim on its DM: the DM cannot be freed while one exists.
-#[derive(Debug)]
-pub struct DmHold(Arc<AtomicU32>);
-
-impl Drop for DmHold {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -191,8 +181,7 @@ pub unsafe extern "C" fn reg_dm_mr(
             .mem()
             .device_memory_fd(d.holder.lkey())
             .map_err(|e| verbs::VerbsError::from(e).errno())?;
-        d.users.fetch_add(1, Ordering::AcqRel);
-        let hold = DmHold(d.users.clone());
+        let hold = DmHold::new(&d.users);
         reg_source(
             p,
             Registration {

@@ -17,7 +17,6 @@ use softrdma::verbs::{Access, MemSource};
 
 use crate::abi::*;
 use crate::context::{Shared, shared_of};
-use crate::dm::DmHold;
 use crate::errno::{ffi_errno, ffi_ptr, guard, set_errno};
 use crate::registry::{self, Kind};
 
@@ -69,6 +68,25 @@ impl Pd {
     /// An object made from this PD is gone.
     pub fn release(&self) {
         self.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A region's claim on the device memory it is part of (`crate::dm`): the DM cannot be freed
+/// while one exists.
+#[derive(Debug)]
+pub struct DmHold(Arc<AtomicU32>);
+
+impl DmHold {
+    /// A claim on the DM whose live regions `users` counts (one more of them).
+    pub fn new(users: &Arc<AtomicU32>) -> DmHold {
+        users.fetch_add(1, Ordering::AcqRel);
+        DmHold(users.clone())
+    }
+}
+
+impl Drop for DmHold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
