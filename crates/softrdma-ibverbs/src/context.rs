@@ -15,20 +15,19 @@
 //!
 //! The engine behind a context is a `softrdma::verbs::Device`, opened on first use (the first
 //! PD, CQ or completion channel), so `ibv_devinfo` never binds the RoCEv2 port. All contexts
-//! of one device in a process share one engine ([`engine_for`]): a device is one address and
-//! one UDP port.
+//! of one device in a process share one engine (`crate::engine`): a device is one address
+//! and one UDP port.
 
 use core::ffi::c_int;
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use softrdma::verbs;
-use softrdma::verbs::PinMode;
 
 use crate::abi::{
     CompatSlot, VERBS_CONTEXT_OPS, ibv_async_event, ibv_context, ibv_context_ops, verbs_context,
 };
 use crate::device::Device;
+use crate::engine::{AsyncEventHook, engine_for, release_engine};
 use crate::errno::{ffi_minus1, guard};
 use crate::events::EventQueue;
 use crate::registry::{self, Kind};
@@ -43,6 +42,8 @@ pub struct Shared {
     engine: OnceLock<verbs::Device>,
     /// Async events (`ibv_get_async_event`); its fd is `ctx->async_fd`.
     pub async_events: EventQueue<ibv_async_event>,
+    /// Where the engine's asynchronous events go, if this context opens it.
+    on_async_event: AsyncEventHook,
 }
 
 impl Shared {
@@ -52,7 +53,7 @@ impl Shared {
         if let Some(d) = self.engine.get() {
             return Ok(d);
         }
-        let d = engine_for(self.dev)?;
+        let d = engine_for(self.dev, self.on_async_event)?;
         if let Err(d) = self.engine.set(d) {
             // Another thread of this context won the race; give our reference back.
             drop(d);
@@ -72,82 +73,6 @@ impl Drop for Shared {
         if self.engine.take().is_some() {
             release_engine(self.dev);
         }
-    }
-}
-
-/// Engines in use in this process, by device name, with their number of users.
-static ENGINES: LazyLock<Mutex<HashMap<String, (verbs::Device, usize)>>> =
-    LazyLock::new(Default::default);
-
-/// The engine of `dev`, opening it if no context of this process uses it yet.
-fn engine_for(dev: &'static Device) -> Result<verbs::Device, c_int> {
-    let mut g = ENGINES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((d, users)) = g.get_mut(&dev.cfg.name) {
-        *users += 1;
-        return Ok(d.clone());
-    }
-    let mut cfg = verbs::DeviceConfig::new(std::net::IpAddr::V4(dev.cfg.addr));
-    cfg.mode = poll_mode();
-    cfg.pin_mode = pin_mode();
-    cfg.raw_copy = raw_copy();
-    cfg.active_mtu = verbs::Mtu::ALL
-        .into_iter()
-        .find(|m| *m as i32 == dev.cfg.active_mtu)
-        .unwrap_or(verbs::Mtu::Mtu1024);
-    let d = verbs::Device::open(cfg).map_err(|e| {
-        let errno = e.errno();
-        eprintln!(
-            "softrdma: cannot open {} ({}): {e}",
-            dev.cfg.name, dev.cfg.addr
-        );
-        errno
-    })?;
-    // Asynchronous events of the engine go to the async fd of the context owning the QP.
-    d.set_async_event_hook(Some(std::sync::Arc::new(move |ev| {
-        crate::qp::report_async(dev, ev)
-    })));
-    g.insert(dev.cfg.name.clone(), (d.clone(), 1));
-    crate::stats::report_at_exit();
-    Ok(d)
-}
-
-/// The concatenated `f(name, engine)` of every engine still open (empty if the table is busy:
-/// this runs at process exit, where waiting could deadlock).
-pub(crate) fn open_engines(f: impl Fn(&str, &verbs::Device) -> String) -> String {
-    match ENGINES.try_lock() {
-        Ok(g) => g.iter().map(|(name, (d, _))| f(name, d)).collect(),
-        Err(_) => String::new(),
-    }
-}
-
-/// A context stopped using the engine of `dev`; the last one stops it.
-fn release_engine(dev: &'static Device) {
-    let mut g = ENGINES.lock().unwrap_or_else(PoisonError::into_inner);
-    let last = match g.get_mut(&dev.cfg.name) {
-        Some((_, users)) => {
-            *users -= 1;
-            *users == 0
-        }
-        None => false,
-    };
-    if last {
-        if let Some((d, _)) = g.get(&dev.cfg.name) {
-            crate::stats::report(&dev.cfg.name, d);
-        }
-        // Dropping the last handle stops the engine and closes its socket; under the lock, so
-        // that a context opening the device again meanwhile binds only after the close.
-        drop(g.remove(&dev.cfg.name));
-    }
-}
-
-/// The engine's polling mode from `SOFTRDMA_POLL`: `busy` (the default: `ibv_poll_cq`
-/// receives and processes packets in the calling thread, and the engine thread steps in
-/// when nobody polls, so `ibv_get_cq_event` users are served too) or `blocking` (only the
-/// engine thread receives; less CPU, more latency).
-pub fn poll_mode() -> verbs::PollMode {
-    match std::env::var("SOFTRDMA_POLL").as_deref() {
-        Ok("blocking") => verbs::PollMode::Blocking,
-        _ => verbs::PollMode::BusyPoll,
     }
 }
 
@@ -183,27 +108,6 @@ impl core::fmt::Debug for Context {
 /// Offset of the `ibv_context` inside [`Context`].
 pub const CONTEXT_OFFSET: usize =
     core::mem::offset_of!(Context, vctx) + core::mem::offset_of!(verbs_context, context);
-
-/// The pinning policy from `SOFTRDMA_PIN` (`pinned`, the default, or `on-demand`).
-pub fn pin_mode() -> PinMode {
-    match std::env::var("SOFTRDMA_PIN").as_deref() {
-        Ok("on-demand") | Ok("odp") => PinMode::OnDemand,
-        _ => PinMode::Pinned,
-    }
-}
-
-/// How registered memory is copied, from `SOFTRDMA_RAW_COPY`: `checked` (the default:
-/// checked copies, so that memory unmapped under traffic ends in an access error, never a
-/// signal), `kernel` (always the kernel's checked copies, for programs that own `SIGSEGV`
-/// and `SIGBUS` without chaining) or `plain` (`memcpy`, for programs that never unmap or
-/// move registered memory: an unmap under traffic may then crash the process).
-pub fn raw_copy() -> verbs::RawCopy {
-    match std::env::var("SOFTRDMA_RAW_COPY").as_deref() {
-        Ok("plain") => verbs::RawCopy::Plain,
-        Ok("kernel") => verbs::RawCopy::Kernel,
-        _ => verbs::RawCopy::Checked,
-    }
-}
 
 /// The data-path operation table (`ctx->ops`).
 pub fn ops() -> ibv_context_ops {
@@ -253,6 +157,8 @@ impl Context {
             dev,
             engine: OnceLock::new(),
             async_events,
+            // The async events of the engine go to the async fd of the context owning the QP.
+            on_async_event: crate::qp::report_async,
         });
         // SAFETY: a NUL-terminated name and a flag; the result is checked.
         let fd = unsafe { libc::memfd_create(c"softrdma-context".as_ptr(), libc::MFD_CLOEXEC) };

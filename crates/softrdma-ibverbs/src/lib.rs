@@ -26,6 +26,7 @@ pub mod context;
 pub mod cq;
 pub mod device;
 pub mod dm;
+pub mod engine;
 pub mod errno;
 pub mod events;
 pub mod exports;

@@ -80,26 +80,26 @@ pub fn report(name: &str, d: &verbs::Device) {
 
 static AT_EXIT: Once = Once::new();
 
-/// Arrange for the engines still open at process exit to be reported (once per process;
-/// nothing when `SOFTRDMA_STATS` is unset).
-pub fn report_at_exit() {
+/// Arrange for `at_exit` to run at process exit, once per process, nothing when
+/// `SOFTRDMA_STATS` is unset: the engine table's function that reports the engines still open
+/// ([`report_open`]). It must never unwind.
+pub fn report_at_exit(at_exit: extern "C" fn()) {
     if target().is_none() {
         return;
     }
     AT_EXIT.call_once(|| {
-        // SAFETY: registers a plain `extern "C" fn()` that never unwinds (see `at_exit`).
+        // SAFETY: registers a plain `extern "C" fn()` that never unwinds (the contract).
         unsafe { libc::atexit(at_exit) };
     });
 }
 
-extern "C" fn at_exit() {
-    // Never unwind across the C runtime; a poisoned or busy table is skipped.
-    let _ = std::panic::catch_unwind(|| {
-        if let Some(to) = target() {
-            let text: String = crate::context::open_engines(line);
-            if !text.is_empty() {
-                emit(&to, &text);
-            }
+/// Report the engines still open at process exit, if asked to: `lines` gives their report
+/// lines ([`fn@line`] of each; empty when there is none or the table was busy).
+pub fn report_open(lines: impl FnOnce() -> String) {
+    if let Some(to) = target() {
+        let text = lines();
+        if !text.is_empty() {
+            emit(&to, &text);
         }
-    });
+    }
 }
