@@ -30,6 +30,7 @@ use crate::device::Device;
 use crate::engine::{AsyncEventHook, engine_for, release_engine};
 use crate::errno::{ffi_minus1, guard};
 use crate::events::EventQueue;
+use crate::qp_ex::QpExOps;
 use crate::registry::{self, Kind};
 
 /// State shared by a context and every object created on it (they keep it alive after
@@ -42,6 +43,8 @@ pub struct Shared {
     engine: OnceLock<verbs::Device>,
     /// Async events (`ibv_get_async_event`); its fd is `ctx->async_fd`.
     pub async_events: EventQueue<ibv_async_event>,
+    /// The `ibv_wr_*` operations of its QPs (`struct ibv_qp_ex`).
+    pub qp_ex: QpExOps,
     /// Where the engine's asynchronous events go, if this context opens it.
     on_async_event: AsyncEventHook,
 }
@@ -157,6 +160,7 @@ impl Context {
             dev,
             engine: OnceLock::new(),
             async_events,
+            qp_ex: crate::wr_ex::qp_ex_ops(),
             // The async events of the engine go to the async fd of the context owning the QP.
             on_async_event: crate::qp::report_async,
         });

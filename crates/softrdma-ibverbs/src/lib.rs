@@ -39,6 +39,7 @@ pub mod mr;
 pub mod mw;
 pub mod post;
 pub mod qp;
+pub mod qp_ex;
 pub mod query;
 pub mod rate;
 pub mod rdmacm;

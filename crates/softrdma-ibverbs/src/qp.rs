@@ -24,6 +24,7 @@ use crate::cq::{Cq, IBV_EVENT_QP_FATAL};
 use crate::device::Device;
 use crate::errno::{ffi_errno, ffi_ptr};
 use crate::mr::Pd;
+use crate::qp_ex::{QpExOps, WrBatch};
 use crate::registry::{self, Kind};
 use crate::srq::Srq;
 
@@ -55,10 +56,11 @@ pub const MAX_INLINE: u32 = 4096;
 pub struct Qp {
     /// What C sees.
     pub qp: ibv_qp,
-    /// The rest of `struct ibv_qp_ex`: the `ibv_wr_*` operations (`crate::wr_ex`).
-    pub ex: crate::wr_ex::QpExOps,
+    /// The rest of `struct ibv_qp_ex`: the `ibv_wr_*` operations (`crate::wr_ex`), as the
+    /// context hands them out.
+    pub ex: QpExOps,
     /// The requests `ibv_wr_*` built since `ibv_wr_start`.
-    pub wr_batch: Mutex<crate::wr_ex::WrBatch>,
+    pub wr_batch: Mutex<WrBatch>,
     /// The context it belongs to.
     pub shared: Arc<Shared>,
     /// The engine's QP.
@@ -260,8 +262,8 @@ pub unsafe extern "C" fn ibv_create_qp(
                 cond: libc::PTHREAD_COND_INITIALIZER,
                 events_completed: 0,
             },
-            ex: crate::wr_ex::QpExOps::new(),
-            wr_batch: crate::wr_ex::new_batch(),
+            ex: p.shared.qp_ex,
+            wr_batch: crate::qp_ex::new_batch(),
             shared: p.shared.clone(),
             vqp,
             cap: granted,

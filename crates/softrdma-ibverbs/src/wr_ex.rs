@@ -2,7 +2,8 @@
 //! one builder per operation, the `ibv_wr_set_*` setters, `ibv_wr_complete`/`ibv_wr_abort`).
 //!
 //! Every QP of this library carries the operations right after its `ibv_qp` (the layout of
-//! `struct ibv_qp_ex`), so `ibv_qp_to_qp_ex` is a cast. A builder starts a work request with
+//! `struct ibv_qp_ex`), so `ibv_qp_to_qp_ex` is a cast: the table [`qp_ex_ops`], which the
+//! QP's context hands it at creation, and the requests being built (`crate::qp_ex`). A builder starts a work request with
 //! the QP's current `wr_id` and `wr_flags`; the setters fill the last one started (SGEs are
 //! copied, inline data too: the caller's buffers are free again when the call returns);
 //! `ibv_wr_complete` posts them all in order, under one lock of the QP and one engine drive,
@@ -13,97 +14,55 @@
 //! refuses at posting (a full send queue: ENOMEM) stops the batch there; the requests
 //! before it stay posted, as with `ibv_post_send`'s `bad_wr`.
 
-use core::ffi::{c_int, c_uint, c_void};
-use std::sync::Mutex;
+use core::ffi::{c_int, c_void};
 
 use softrdma::verbs::Access;
-use softrdma::verbs::{SendFlags, SendWr, Sge, UdDest, WrOpcode};
+use softrdma::verbs::{SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;
 use crate::ah::Ah;
 use crate::errno::guard;
 use crate::mw::Mw;
 use crate::qp::Qp;
+use crate::qp_ex::{Building, QpExOps, WrBatch};
 use softrdma::verbs::MAX_SGE;
 
-/// One work request being built.
-#[derive(Debug)]
-struct Building {
-    wr_id: u64,
-    opcode: WrOpcode,
-    flags: SendFlags,
-    sges: Vec<Sge>,
-    inline: Option<Vec<u8>>,
-    ud: Option<UdDest>,
-    /// A type 2 window this request binds, and the region (for the window's bookkeeping).
-    bind: Option<(*mut ibv_mw, *mut ibv_mr)>,
-}
-
-/// The requests built since `ibv_wr_start`, and the first error met.
-#[derive(Debug, Default)]
-pub struct WrBatch {
-    wrs: Vec<Building>,
-    err: Option<c_int>,
-}
-
-// SAFETY: the raw pointers name objects of this library that the C API keeps alive while a
-// request naming them is being built; they are only dereferenced through registry checks.
-unsafe impl Send for WrBatch {}
-
-/// The operations of `struct ibv_qp_ex` after its `qp_base`: what [`Qp`] carries right after
-/// its `ibv_qp` (`tests/layout.rs` checks the offsets against verbs.h).
-#[repr(C)]
-#[derive(Debug)]
-pub struct QpExOps {
-    pub comp_mask: u64,
-    pub wr_id: u64,
-    pub wr_flags: c_uint,
-    pub ops: [CompatSlot; 21],
-}
-
-impl QpExOps {
-    /// The operations of every QP of this library.
-    pub fn new() -> QpExOps {
-        let slot = |f: *const ()| -> CompatSlot {
-            // SAFETY: each function is stored in the slot verbs.h declares with exactly its
-            // signature, and C calls it through that declaration only.
-            Some(unsafe { core::mem::transmute::<*const (), unsafe extern "C" fn()>(f) })
-        };
-        QpExOps {
-            comp_mask: 0,
-            wr_id: 0,
-            wr_flags: 0,
-            // In the order of `struct ibv_qp_ex`.
-            ops: [
-                slot(wr_atomic_cmp_swp as *const ()),
-                slot(wr_atomic_fetch_add as *const ()),
-                slot(wr_bind_mw as *const ()),
-                slot(wr_local_inv as *const ()),
-                slot(wr_rdma_read as *const ()),
-                slot(wr_rdma_write as *const ()),
-                slot(wr_rdma_write_imm as *const ()),
-                slot(wr_send as *const ()),
-                slot(wr_send_imm as *const ()),
-                slot(wr_send_inv as *const ()),
-                slot(wr_send_tso as *const ()),
-                slot(wr_set_ud_addr as *const ()),
-                slot(wr_set_xrc_srqn as *const ()),
-                slot(wr_set_inline_data as *const ()),
-                slot(wr_set_inline_data_list as *const ()),
-                slot(wr_set_sge as *const ()),
-                slot(wr_set_sge_list as *const ()),
-                slot(wr_start as *const ()),
-                slot(wr_complete as *const ()),
-                slot(wr_abort as *const ()),
-                slot(wr_atomic_write as *const ()),
-            ],
-        }
-    }
-}
-
-impl Default for QpExOps {
-    fn default() -> Self {
-        QpExOps::new()
+/// The operations of every QP of this library, in the order of `struct ibv_qp_ex` (a context
+/// hands them to each QP created on it).
+pub fn qp_ex_ops() -> QpExOps {
+    let slot = |f: *const ()| -> CompatSlot {
+        // SAFETY: each function is stored in the slot verbs.h declares with exactly its
+        // signature, and C calls it through that declaration only.
+        Some(unsafe { core::mem::transmute::<*const (), unsafe extern "C" fn()>(f) })
+    };
+    QpExOps {
+        comp_mask: 0,
+        wr_id: 0,
+        wr_flags: 0,
+        // In the order of `struct ibv_qp_ex`.
+        ops: [
+            slot(wr_atomic_cmp_swp as *const ()),
+            slot(wr_atomic_fetch_add as *const ()),
+            slot(wr_bind_mw as *const ()),
+            slot(wr_local_inv as *const ()),
+            slot(wr_rdma_read as *const ()),
+            slot(wr_rdma_write as *const ()),
+            slot(wr_rdma_write_imm as *const ()),
+            slot(wr_send as *const ()),
+            slot(wr_send_imm as *const ()),
+            slot(wr_send_inv as *const ()),
+            slot(wr_send_tso as *const ()),
+            slot(wr_set_ud_addr as *const ()),
+            slot(wr_set_xrc_srqn as *const ()),
+            slot(wr_set_inline_data as *const ()),
+            slot(wr_set_inline_data_list as *const ()),
+            slot(wr_set_sge as *const ()),
+            slot(wr_set_sge_list as *const ()),
+            slot(wr_start as *const ()),
+            slot(wr_complete as *const ()),
+            slot(wr_abort as *const ()),
+            slot(wr_atomic_write as *const ()),
+        ],
     }
 }
 
@@ -488,9 +447,4 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
             0
         },
     )
-}
-
-/// A guard for the batch of a QP (the QP owns one).
-pub fn new_batch() -> Mutex<WrBatch> {
-    Mutex::new(WrBatch::default())
 }

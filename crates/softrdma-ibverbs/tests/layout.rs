@@ -142,7 +142,7 @@ fn a_qp_is_an_ibv_qp_ex() {
     use core::mem::offset_of;
     use ibverbs::abi::ibv_qp_ex;
     use ibverbs::qp::Qp;
-    use ibverbs::wr_ex::QpExOps;
+    use ibverbs::qp_ex::QpExOps;
     assert_eq!(offset_of!(Qp, qp), 0);
     assert_eq!(offset_of!(Qp, ex), offset_of!(ibv_qp_ex, comp_mask));
     assert_eq!(
