@@ -7,11 +7,14 @@
 //!   +648  Arc<Shared>: the device, the memory table, the async event queue
 //! ```
 //! C holds `&ctx.vctx.context`; [`Context::from_ibv`] checks the registry and steps back 320
-//! bytes. `ibv_open_device` then fills the extended slots softrdma serves
-//! (`crate::ext_ops::install`: `query_device_ex`, `alloc_dm`, `free_dm`, `reg_dm_mr`) and sets
-//! `abi_compat` to `UINTPTR_MAX`, which makes verbs.h consult them; every other slot stays
-//! NULL, so verbs.h falls back to the exported function (`ibv_query_port`) or fails with
-//! EOPNOTSUPP (`ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ...).
+//! bytes. The functions a context calls through live in the modules above this one, so
+//! whoever opens it names them ([`Ops`]: `crate::open`, for `ibv_open_device`): the
+//! data-path table `ctx->ops`, the `ibv_wr_*` operations of its QPs and the destination of
+//! the engine's asynchronous events. `ibv_open_device` then fills the extended slots softrdma
+//! serves (`crate::ext_ops::install`: `query_device_ex`, `alloc_dm`, `free_dm`, `reg_dm_mr`)
+//! and sets `abi_compat` to `UINTPTR_MAX`, which makes verbs.h consult them; every other slot
+//! stays NULL, so verbs.h falls back to the exported function (`ibv_query_port`) or fails
+//! with EOPNOTSUPP (`ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ...).
 //!
 //! The engine behind a context is a `softrdma::verbs::Device`, opened on first use (the first
 //! PD, CQ or completion channel), so `ibv_devinfo` never binds the RoCEv2 port. All contexts
@@ -33,6 +36,18 @@ use crate::events::EventQueue;
 use crate::qp_ex::QpExOps;
 use crate::registry::{self, Kind};
 
+/// What a context is assembled from besides its device: the functions it calls through that
+/// live in the modules above this one, named by whoever opens it (`crate::open`).
+#[derive(Clone, Copy, Debug)]
+pub struct Ops {
+    /// `ctx->ops`: the data-path verbs.
+    pub verbs: ibv_context_ops,
+    /// The `ibv_wr_*` operations every QP created on the context carries.
+    pub qp_ex: QpExOps,
+    /// Where the asynchronous events of the device's engine go, if this context opens it.
+    pub async_event: AsyncEventHook,
+}
+
 /// State shared by a context and every object created on it (they keep it alive after
 /// `ibv_close_device`, so a late `ibv_dereg_mr` never touches freed memory).
 #[derive(Debug)]
@@ -43,9 +58,9 @@ pub struct Shared {
     engine: OnceLock<verbs::Device>,
     /// Async events (`ibv_get_async_event`); its fd is `ctx->async_fd`.
     pub async_events: EventQueue<ibv_async_event>,
-    /// The `ibv_wr_*` operations of its QPs (`struct ibv_qp_ex`).
+    /// The `ibv_wr_*` operations of its QPs ([`Ops::qp_ex`]).
     pub qp_ex: QpExOps,
-    /// Where the engine's asynchronous events go, if this context opens it.
+    /// Where the engine's asynchronous events go ([`Ops::async_event`]).
     on_async_event: AsyncEventHook,
 }
 
@@ -112,57 +127,17 @@ impl core::fmt::Debug for Context {
 pub const CONTEXT_OFFSET: usize =
     core::mem::offset_of!(Context, vctx) + core::mem::offset_of!(verbs_context, context);
 
-/// The data-path operation table (`ctx->ops`).
-pub fn ops() -> ibv_context_ops {
-    use crate::{cq, mw, post};
-    ibv_context_ops {
-        _compat_query_device: None,
-        _compat_query_port: None,
-        _compat_alloc_pd: None,
-        _compat_dealloc_pd: None,
-        _compat_reg_mr: None,
-        _compat_rereg_mr: None,
-        _compat_dereg_mr: None,
-        alloc_mw: Some(mw::alloc_mw),
-        bind_mw: Some(mw::bind_mw),
-        dealloc_mw: Some(mw::dealloc_mw),
-        _compat_create_cq: None,
-        poll_cq: Some(cq::poll_cq),
-        req_notify_cq: Some(cq::req_notify_cq),
-        _compat_cq_event: None,
-        _compat_resize_cq: None,
-        _compat_destroy_cq: None,
-        _compat_create_srq: None,
-        _compat_modify_srq: None,
-        _compat_query_srq: None,
-        _compat_destroy_srq: None,
-        post_srq_recv: Some(post::post_srq_recv),
-        _compat_create_qp: None,
-        _compat_query_qp: None,
-        _compat_modify_qp: None,
-        _compat_destroy_qp: None,
-        post_send: Some(post::post_send),
-        post_recv: Some(post::post_recv),
-        _compat_create_ah: None,
-        _compat_destroy_ah: None,
-        _compat_attach_mcast: None,
-        _compat_detach_mcast: None,
-        _compat_async_event: None,
-    }
-}
-
 impl Context {
-    /// Open a context on `dev`; the C pointer to hand out.
-    pub fn open(dev: &'static Device) -> Result<*mut ibv_context, c_int> {
+    /// Open a context on `dev` that calls through `ops`; the C pointer to hand out.
+    pub fn open(dev: &'static Device, ops: Ops) -> Result<*mut ibv_context, c_int> {
         let async_events = EventQueue::new()?;
         let async_fd = async_events.fd();
         let shared = Arc::new(Shared {
             dev,
             engine: OnceLock::new(),
             async_events,
-            qp_ex: crate::wr_ex::qp_ex_ops(),
-            // The async events of the engine go to the async fd of the context owning the QP.
-            on_async_event: crate::qp::report_async,
+            qp_ex: ops.qp_ex,
+            on_async_event: ops.async_event,
         });
         // SAFETY: a NUL-terminated name and a flag; the result is checked.
         let fd = unsafe { libc::memfd_create(c"softrdma-context".as_ptr(), libc::MFD_CLOEXEC) };
@@ -177,7 +152,7 @@ impl Context {
                 sz: core::mem::size_of::<verbs_context>(),
                 context: ibv_context {
                     device: (&dev.dev as *const crate::abi::ibv_device).cast_mut(),
-                    ops: ops(),
+                    ops: ops.verbs,
                     cmd_fd: fd,
                     async_fd,
                     num_comp_vectors: 1,

@@ -1,12 +1,12 @@
-//! Devices: discovery (`ibv_get_device_list`), names, GUIDs, open and close.
+//! Devices: discovery (`ibv_get_device_list`), names, GUIDs. Opening one is `crate::open`'s
+//! (`ibv_open_device`, `ibv_close_device`).
 
 use core::ffi::{c_char, c_int};
 use std::sync::OnceLock;
 
-use crate::abi::{IBV_NODE_CA, IBV_SYSFS_NAME_MAX, IBV_TRANSPORT_IB, ibv_context, ibv_device};
+use crate::abi::{IBV_NODE_CA, IBV_SYSFS_NAME_MAX, IBV_TRANSPORT_IB, ibv_device};
 use crate::config::{self, DeviceConfig};
-use crate::context::Context;
-use crate::errno::{ffi_minus1, ffi_ptr, guard, set_errno};
+use crate::errno::{ffi_ptr, guard, set_errno};
 use crate::registry::{self, Kind};
 
 /// A device: the C `ibv_device` first (so `*mut ibv_device` is `*mut Device`), then ours.
@@ -229,32 +229,6 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
             }
         },
     )
-}
-
-/// `ibv_open_device`: a new context, or NULL with errno (EINVAL: not our device; EMFILE/ENFILE:
-/// no file descriptor for the async event fd; ENOMEM). The context is extended: verbs.h finds
-/// the operations of [`crate::ext_ops`] in its `verbs_context`.
-///
-/// # Safety
-/// None beyond the C API's: any pointer is accepted.
-pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    ffi_ptr(|| {
-        let dev = lookup(device).ok_or(libc::EINVAL)?;
-        let ctx = Context::open(dev)?;
-        // SAFETY: just opened; its pointer has not reached C or another thread yet.
-        unsafe { crate::ext_ops::install(ctx) };
-        Ok(ctx)
-    })
-}
-
-/// `ibv_close_device`: 0, or -1 with errno EINVAL for a context that is not open. Objects
-/// still allocated on the context stay usable until they are destroyed (libibverbs leaves
-/// them to the application too).
-///
-/// # Safety
-/// None beyond the C API's: any pointer is accepted.
-pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
-    ffi_minus1(|| Context::close(context))
 }
 
 /// `ibv_register_driver@IBVERBS_1.1` (a compatibility symbol only: verbs.h no longer declares

@@ -83,8 +83,8 @@ macro_rules! compat_exports {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("softrdma-ibverbs exports its symbols with x86_64 or aarch64 trampolines");
 
-use crate::{ah, channel as ch, context as cx, cq, device as dv, mr, qp, query as q, sdv, srq};
-use crate::{import as im, marshall as ma, rate, strings as st, sysfs as fs};
+use crate::{ah, channel as ch, context as cx, cq, device as dv, mr, open as op, qp, query as q};
+use crate::{import as im, marshall as ma, rate, sdv, srq, strings as st, sysfs as fs};
 
 exports! {
     "IBVERBS_1.0" => [
@@ -103,7 +103,7 @@ exports! {
         ibv_ack_cq_events = ch::ibv_ack_cq_events,
         ibv_alloc_pd = mr::ibv_alloc_pd,
         ibv_attach_mcast = qp::ibv_attach_mcast,
-        ibv_close_device = dv::ibv_close_device,
+        ibv_close_device = op::ibv_close_device,
         ibv_copy_ah_attr_from_kern = ma::ibv_copy_ah_attr_from_kern,
         ibv_create_ah = ah::ibv_create_ah,
         ibv_create_ah_from_wc = ah::ibv_create_ah_from_wc,
@@ -131,7 +131,7 @@ exports! {
         ibv_modify_qp = qp::ibv_modify_qp,
         ibv_modify_srq = srq::ibv_modify_srq,
         ibv_node_type_str = st::ibv_node_type_str,
-        ibv_open_device = dv::ibv_open_device,
+        ibv_open_device = op::ibv_open_device,
         ibv_port_state_str = st::ibv_port_state_str,
         ibv_query_device = q::ibv_query_device,
         ibv_query_gid = q::ibv_query_gid,

@@ -5,8 +5,8 @@
 //! inline wrapper calls its slot if it is non-NULL and otherwise behaves as before (a fallback
 //! to the exported function, or EOPNOTSUPP). [`install`] fills `query_device_ex`,
 //! `reg_dm_mr`, `alloc_dm`, `free_dm`, `create_qp_ex`, `create_cq_ex`, `advise_mr` and
-//! `alloc_parent_domain` and sets the marker, on a context just opened
-//! (before its pointer reaches C); every other slot stays NULL.
+//! `alloc_parent_domain` and sets the marker, on a context just opened (`crate::open`, before
+//! its pointer reaches C); every other slot stays NULL.
 
 use core::ffi::{c_int, c_void};
 use core::mem::offset_of;

@@ -9,12 +9,23 @@
 //! C ([`errno::guard`]).
 //!
 //! Modules: [`abi`] (struct mirrors, layout table), [`config`] (which devices exist),
-//! [`device`] (discovery, open/close), [`query`] (device, port, GID, P_Key), [`mr`] (PDs and
+//! [`device`] (discovery), [`engine`] (the engines behind contexts), [`context`] (the context
+//! block and its shared state), [`open`] (open/close: a context assembled with the operations
+//! of the modules above [`context`]), [`query`] (device, port, GID, P_Key), [`mr`] (PDs and
 //! regions), [`channel`] and [`events`] (completion channels, async events), [`cq`], [`qp`],
 //! [`srq`], [`ah`], [`mw`] and [`post`] (the rest of the verbs, over `softrdma::verbs`),
-//! [`dm`] (device memory) and [`ext_ops`] (the `verbs_context` slots served), [`rate`] and
-//! [`marshall`] (pure conversions), [`import`] (object import, unsupported), [`sdv`]
-//! (softrdma's own calls, `include/softrdma/sdv.h`), [`exports`] (symbols and version nodes).
+//! [`qp_ex`] and [`wr_ex`] (the `ibv_wr_*` post API), [`dm`] (device memory) and [`ext_ops`]
+//! (the `verbs_context` slots served), [`rate`] and [`marshall`] (pure conversions),
+//! [`import`] (object import, unsupported), [`sdv`] (softrdma's own calls,
+//! `include/softrdma/sdv.h`), [`stats`] (`SOFTRDMA_STATS`), [`rdmacm`] (librdmacm's calls),
+//! [`exports`] (symbols and version nodes).
+//!
+//! The modules form layers: each uses only modules below it (`scripts/tree-limits` refuses an
+//! import cycle). Plain data and conversions at the bottom (`abi`, `errno`, `registry`,
+//! `config`, ...), then `device`, `engine`, `context`, the verbs objects in the order they
+//! hold one another (PD and region, CQ, QP, then what names a QP: `ah`, `mw`, `post`,
+//! `wr_ex`), `ext_ops`, and at the top `open`, which names functions of all of them in the
+//! tables of a context, then `rdmacm` and `exports`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
@@ -37,6 +48,7 @@ pub mod limits;
 pub mod marshall;
 pub mod mr;
 pub mod mw;
+pub mod open;
 pub mod post;
 pub mod qp;
 pub mod qp_ex;

@@ -12,7 +12,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 pub enum Kind {
     /// An array returned by `ibv_get_device_list`.
     DeviceList,
-    /// An `ibv_context` (inside a [`crate::context::Context`]).
+    /// An `ibv_context` (inside a `crate::context::Context`).
     Context,
     /// An `ibv_pd`.
     Pd,

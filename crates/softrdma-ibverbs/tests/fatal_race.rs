@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ibverbs::abi::*;
-use ibverbs::{context as ctxm, cq, device as dv, mr, qp, query as q};
+use ibverbs::{context as ctxm, cq, device as dv, mr, open as op, qp, query as q};
 
 const IBV_QPS_INIT: i32 = 1;
 const IBV_QPS_RTR: i32 = 2;
@@ -81,7 +81,7 @@ fn destroy_qp_waits_for_the_fatal_report() {
     // SAFETY: every call below passes objects this test created and still owns, with the
     // argument shapes verbs.h gives them.
     unsafe {
-        let ctx = dv::ibv_open_device((&d.dev as *const ibv_device).cast_mut());
+        let ctx = op::ibv_open_device((&d.dev as *const ibv_device).cast_mut());
         assert!(!ctx.is_null());
         let pd = mr::ibv_alloc_pd(ctx);
         let cq = cq::ibv_create_cq(ctx, 16, null_mut(), null_mut(), 0);
@@ -213,6 +213,6 @@ fn destroy_qp_waits_for_the_fatal_report() {
         assert_eq!(mr::ibv_dereg_mr(m), 0);
         assert_eq!(cq::ibv_destroy_cq(cq), 0);
         assert_eq!(mr::ibv_dealloc_pd(pd), 0);
-        assert_eq!(dv::ibv_close_device(ctx), 0);
+        assert_eq!(op::ibv_close_device(ctx), 0);
     }
 }

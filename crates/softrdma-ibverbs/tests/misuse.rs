@@ -8,7 +8,7 @@ use std::sync::Once;
 use ibverbs::abi::*;
 use ibverbs::channel;
 use ibverbs::errno::errno;
-use ibverbs::{device as dv, mr, query as q};
+use ibverbs::{device as dv, mr, open as op, query as q};
 
 fn init() {
     static ONCE: Once = Once::new();
@@ -30,7 +30,7 @@ fn open(i: usize) -> *mut ibv_context {
     init();
     let d = &dv::devices().unwrap()[i];
     // SAFETY: a device of ours.
-    let ctx = unsafe { dv::ibv_open_device((&d.dev as *const ibv_device).cast_mut()) };
+    let ctx = unsafe { op::ibv_open_device((&d.dev as *const ibv_device).cast_mut()) };
     assert!(!ctx.is_null());
     ctx
 }
@@ -42,10 +42,10 @@ fn null_and_foreign_pointers_are_einval() {
     let junk_ptr = junk.as_mut_ptr().cast::<c_void>();
     // SAFETY: every call below must refuse its pointer without dereferencing it.
     unsafe {
-        assert!(dv::ibv_open_device(null_mut()).is_null());
+        assert!(op::ibv_open_device(null_mut()).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        assert!(dv::ibv_open_device(junk_ptr.cast()).is_null());
-        assert_eq!(dv::ibv_close_device(junk_ptr.cast()), -1);
+        assert!(op::ibv_open_device(junk_ptr.cast()).is_null());
+        assert_eq!(op::ibv_close_device(junk_ptr.cast()), -1);
         assert!(dv::ibv_get_device_name(null_mut()).is_null());
         assert_eq!(dv::ibv_get_device_guid(null_mut()), 0);
         assert!(mr::ibv_alloc_pd(junk_ptr.cast()).is_null());
@@ -125,10 +125,10 @@ fn pd_mr_lifecycle_and_errors() {
         assert_eq!(mr::ibv_dereg_mr(m), libc::EINVAL);
         assert_eq!(mr::ibv_dealloc_pd(pd2), 0);
         // Closing a context with a live PD: the PD stays usable until deallocated.
-        assert_eq!(dv::ibv_close_device(other), 0);
+        assert_eq!(op::ibv_close_device(other), 0);
         assert_eq!(mr::ibv_dealloc_pd(opd), 0);
-        assert_eq!(dv::ibv_close_device(ctx), 0);
-        assert_eq!(dv::ibv_close_device(ctx), -1);
+        assert_eq!(op::ibv_close_device(ctx), 0);
+        assert_eq!(op::ibv_close_device(ctx), -1);
         assert_eq!(errno(), libc::EINVAL);
     }
 }
@@ -167,11 +167,11 @@ fn completion_channel_delivers_events_through_its_fd() {
         let other = open(1);
         assert!(ibverbs::cq::ibv_create_cq(other, 8, null_mut(), ch, 0).is_null());
         assert_eq!(errno(), libc::EINVAL);
-        assert_eq!(dv::ibv_close_device(other), 0);
+        assert_eq!(op::ibv_close_device(other), 0);
         assert_eq!(ibverbs::cq::ibv_destroy_cq(cq), 0);
         assert_eq!(ibverbs::cq::ibv_destroy_cq(cq), libc::EINVAL);
         assert_eq!(channel::ibv_destroy_comp_channel(ch), 0);
-        assert_eq!(dv::ibv_close_device(ctx), 0);
+        assert_eq!(op::ibv_close_device(ctx), 0);
     }
 }
 
@@ -210,6 +210,6 @@ fn device_list_and_queries() {
         );
         assert_eq!(got, 2);
         assert_eq!(entries[1].gid.raw[12..], [127, 0, 0, 2]);
-        assert_eq!(dv::ibv_close_device(ctx), 0);
+        assert_eq!(op::ibv_close_device(ctx), 0);
     }
 }

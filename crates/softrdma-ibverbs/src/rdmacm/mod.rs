@@ -250,9 +250,7 @@ fn dev_cm(
     if let Some(d) = g.devs.get(&dev.index) {
         return Ok((d.ctx, d.pd, d.cm));
     }
-    let ctx = crate::context::Context::open(dev)?;
-    // SAFETY: just opened; not yet shared.
-    unsafe { crate::ext_ops::install(ctx) };
+    let ctx = crate::open::open_context(dev)?;
     // SAFETY: a context of ours.
     let shared = unsafe { crate::context::shared_of(ctx) }?;
     let vdev = shared.verbs()?;
