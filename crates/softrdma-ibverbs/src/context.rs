@@ -11,10 +11,11 @@
 //! whoever opens it names them ([`Ops`]: `crate::open`, for `ibv_open_device`): the
 //! data-path table `ctx->ops`, the `ibv_wr_*` operations of its QPs and the destination of
 //! the engine's asynchronous events. `ibv_open_device` then fills the extended slots softrdma
-//! serves (`crate::ext_ops::install`: `query_device_ex`, `alloc_dm`, `free_dm`, `reg_dm_mr`)
-//! and sets `abi_compat` to `UINTPTR_MAX`, which makes verbs.h consult them; every other slot
-//! stays NULL, so verbs.h falls back to the exported function (`ibv_query_port`) or fails
-//! with EOPNOTSUPP (`ibv_create_cq_ex`, `ibv_create_qp_ex` with send-ops flags, ...).
+//! serves (`crate::ext_ops::install`: `query_device_ex`, the device memory calls,
+//! `create_qp_ex`, `create_cq_ex`, ...) and sets `abi_compat` to `UINTPTR_MAX`, which makes
+//! verbs.h consult them; every other slot stays NULL, so verbs.h falls back to the exported
+//! function (`ibv_query_port`) or fails with EOPNOTSUPP (`ibv_open_xrcd`, `ibv_create_wq`,
+//! ...).
 //!
 //! The engine behind a context is a `softrdma::verbs::Device`, opened on first use (the first
 //! PD, CQ or completion channel), so `ibv_devinfo` never binds the RoCEv2 port. All contexts
