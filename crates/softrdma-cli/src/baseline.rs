@@ -5,7 +5,10 @@
 //! * `bw`: a sender blasts messages of `size` bytes (as GSO datagrams of `segment`-byte
 //!   packets) at a receiver for `secs` seconds; the receiver's goodput is the figure.
 //! * `lat`: ping-pong of `size`-byte datagrams, both sides busy-polling non-blocking sockets;
-//!   reports half the round trip, as perftest does.
+//!   reports half the round trip, as perftest does. With a trailer (`lat_with`), each datagram
+//!   also carries a second, shorter GSO segment: the shape of a datagram that carries a held
+//!   acknowledgement behind a request, so the kernel's price of that second packet can be
+//!   measured apart from any transport.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -93,6 +96,30 @@ pub struct Lat {
 /// One-way latencies (half the round trip) of `size`-byte datagrams, ping-pong between two
 /// busy-polling threads, `iters` round trips.
 pub fn lat(size: usize, iters: usize) -> Res<Lat> {
+    lat_with(size, 0, iters)
+}
+
+/// Length of an RC acknowledgement packet (BTH, AETH, ICRC): the trailer that gives
+/// `lat_with` the shape of a datagram carrying a held acknowledgement.
+pub const ACK_PACKET_LEN: usize = softrdma::wire::Bth::<&[u8]>::LEN
+    + softrdma::wire::Aeth::<&[u8]>::LEN
+    + softrdma::wire::ICRC_LEN;
+
+/// Like `lat`, but when `trailer` is not 0 every datagram is a GSO datagram of two segments:
+/// the `size`-byte message and a `trailer`-byte packet behind it (at most `size` bytes: a GSO
+/// datagram's last segment may be shorter than the others, not longer).
+pub fn lat_with(size: usize, trailer: usize, iters: usize) -> Res<Lat> {
+    if trailer > size {
+        return Err(
+            format!("a trailer of {trailer} bytes is longer than the {size}-byte message").into(),
+        );
+    }
+    let total = size + trailer;
+    if total > MAX_DATAGRAM {
+        return Err(format!("{total} bytes do not fit a datagram").into());
+    }
+    // A segment size of 0 sends a plain datagram; `size` cuts the trailer off as a segment.
+    let segment = if trailer == 0 { 0 } else { size as u16 };
     let a = port("127.0.0.1:0".parse()?)?;
     let b = port("127.0.0.2:0".parse()?)?;
     let (aa, ba) = (a.local_addr(), b.local_addr());
@@ -105,7 +132,7 @@ pub fn lat(size: usize, iters: usize) -> Res<Lat> {
             if let Ok(k) = b.recv(&mut rx) {
                 for i in 0..k {
                     if let Some(d) = rx.get(i) {
-                        tx.push(aa, d.data, 0);
+                        tx.push(aa, d.data, segment);
                         n += 1;
                     }
                 }
@@ -113,14 +140,14 @@ pub fn lat(size: usize, iters: usize) -> Res<Lat> {
             }
         }
     });
-    let msg = vec![1u8; size];
+    let msg = vec![1u8; total];
     let mut rx = RxBatch::new(4, MAX_DATAGRAM);
     let mut tx = TxBatch::new(1, MAX_DATAGRAM);
     let mut rtts = Vec::with_capacity(iters);
     let deadline = Instant::now() + Duration::from_secs(60);
     for _ in 0..iters {
         let t0 = Instant::now();
-        tx.push(ba, &msg, 0);
+        tx.push(ba, &msg, segment);
         a.send(&mut tx)?;
         loop {
             if let Ok(k) = a.recv(&mut rx)
@@ -144,4 +171,26 @@ pub fn lat(size: usize, iters: usize) -> Res<Lat> {
         avg: rtts.iter().map(|d| one_way(*d)).sum::<f64>() / n as f64,
         p99: one_way(rtts[(n * 99 / 100).min(n - 1)]),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ack_packet_is_bth_aeth_and_icrc() {
+        assert_eq!(ACK_PACKET_LEN, 12 + 4 + 4);
+    }
+
+    #[test]
+    fn a_ping_pong_with_a_held_ack_shape_completes() {
+        let l = lat_with(40, ACK_PACKET_LEN, 200).expect("ping-pong with a second segment");
+        assert!(l.min > 0.0 && l.min <= l.median && l.median <= l.p99);
+    }
+
+    #[test]
+    fn a_trailer_longer_than_the_message_is_refused() {
+        let e = lat_with(16, 20, 10).expect_err("GSO's last segment may not be the longest");
+        assert!(e.to_string().contains("longer"), "{e}");
+    }
 }

@@ -70,6 +70,10 @@ enum Cmd {
         /// Seconds for `bw`; round trips for `lat`.
         #[arg(long, default_value_t = 2.0)]
         amount: f64,
+        /// `lat`: every datagram also carries an acknowledgement-sized second GSO segment (20
+        /// bytes), the shape of a datagram with a held ACK behind the request.
+        #[arg(long)]
+        held_ack: bool,
     },
     /// Plot bandwidth over message size from JSON lines (perf --json, baseline) into an SVG.
     Plot {
@@ -235,6 +239,7 @@ fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
             size,
             segment,
             amount,
+            held_ack,
         } => {
             if what == "bw" {
                 let mb = softrdma_cli::baseline::bw(
@@ -246,9 +251,18 @@ fn run(cli: Cli) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     "{{\"baseline\": \"udp_bw\", \"size\": {size}, \"segment\": {segment}, \"mb_per_s\": {mb:.1}}}"
                 );
             } else {
-                let l = softrdma_cli::baseline::lat(size, (amount as usize).clamp(10, 1_000_000))?;
+                let trailer = if held_ack {
+                    softrdma_cli::baseline::ACK_PACKET_LEN
+                } else {
+                    0
+                };
+                let l = softrdma_cli::baseline::lat_with(
+                    size,
+                    trailer,
+                    (amount as usize).clamp(10, 1_000_000),
+                )?;
                 println!(
-                    "{{\"baseline\": \"udp_lat\", \"size\": {size}, \"lat_us\": {:.3}, \"lat_min_us\": {:.3}, \"lat_avg_us\": {:.3}, \"lat_p99_us\": {:.3}}}",
+                    "{{\"baseline\": \"udp_lat\", \"size\": {size}, \"trailer\": {trailer}, \"lat_us\": {:.3}, \"lat_min_us\": {:.3}, \"lat_avg_us\": {:.3}, \"lat_p99_us\": {:.3}}}",
                     l.median, l.min, l.avg, l.p99
                 );
             }
