@@ -118,6 +118,16 @@ pub const SPINNER_SKIPS: u32 = 8;
 /// an application pausing) does not.
 pub const SPINNER_TAKEOVERS: u32 = 3;
 
+/// Busy-poll mode: polls that found nothing, between two that found datagrams waiting since
+/// more than SPINNER_GRACE after the application's previous poll, above which the poller is
+/// taken for a busy one that was off its CPU rather than an application that polls only now
+/// and then (`Engine::note_find`).
+pub const RARE_POLLER_EMPTY_MAX: u32 = 64;
+
+/// Busy-poll mode: such late finds in a row after which the engine thread watches the socket
+/// for an application that polls only now and then (`Engine::note_find`).
+pub const RARE_POLLER_FINDS: u32 = 8;
+
 /// Posts one QP leaves for the poster's next poll at most ([`Engine::post_done`](crate::net::Engine::post_done)); the next
 /// one transmits them all.
 pub const DOORBELL_MAX: u32 = 128;

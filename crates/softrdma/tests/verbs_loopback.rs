@@ -443,7 +443,11 @@ fn busy_poll_engine_thread_naps_while_pollers_receive() {
         let ms = t0.elapsed().as_millis() as u64;
         stop.store(true, Relaxed);
         let (wa, wb) = (wasted(&a.dev) - wa0, wasted(&b.dev) - wb0);
-        println!("{done} WRITEs in {ms} ms; engine wake-ups without a receive: a {wa}, b {wb}");
+        println!(
+            "{done} WRITEs in {ms} ms; engine wake-ups without a receive: a {wa}, b {wb}; watches a {} b {}",
+            a.dev.counters().spinner_watches.load(Relaxed),
+            b.dev.counters().spinner_watches.load(Relaxed)
+        );
         assert!(done > 0, "no WRITE completed");
         for (side, w) in [("requester", wa), ("responder", wb)] {
             assert!(
@@ -1673,4 +1677,75 @@ fn an_error_completion_reports_qp_fatal_once() {
         Some(AsyncEvent::QpFatal { qp_num })
     );
     assert_eq!(a.dev.get_async_event(Duration::from_millis(100)), None);
+}
+
+/// Busy-poll mode: a responder whose application polls a CQ only now and then (UCX's
+/// one-sided tests: the server's progress thread polls when it wakes, about once a
+/// millisecond) still answers requests within microseconds. Its polls count as activity, so
+/// the engine thread would stay off the receive path and each RDMA READ would wait for the
+/// next poll; once polls keep finding datagrams that had waited since the poll before, the
+/// engine thread watches the socket and takes what no poll takes within SPINNER_GRACE.
+#[test]
+fn a_responder_that_polls_rarely_answers_reads_promptly() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::time::Instant;
+    let _spin = SPINNING.lock().unwrap_or_else(|e| e.into_inner());
+    let (a, b) = pair(24815, PollMode::BusyPoll);
+    let len = 4096usize;
+    let src =
+        b.pd.reg_buffer(vec![5u8; len], Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+    let dst =
+        a.pd.reg_buffer(vec![0u8; len], Access::LOCAL_WRITE)
+            .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // b's application: a poll of its CQ every 700 us, and nothing else.
+        s.spawn(|| {
+            let mut wc = [softrdma::verbs::EMPTY_WC; 4];
+            let t = Instant::now();
+            while !stop.load(Relaxed) && t.elapsed() < Duration::from_secs(20) {
+                b.cq.poll(&mut wc);
+                std::thread::sleep(Duration::from_micros(700));
+            }
+        });
+        let mut waits = Vec::new();
+        for i in 0..300u64 {
+            let t = Instant::now();
+            a.qp.post_send(
+                &SendWr::new(
+                    i,
+                    WrOpcode::RdmaRead {
+                        remote_addr: src.iova(),
+                        rkey: src.rkey(),
+                    },
+                )
+                .sg(&[dst.sge(0, len as u32)])
+                .flags(SendFlags::SIGNALED),
+            )
+            .unwrap();
+            assert_eq!(one(&a.cq).status, WcStatus::Success);
+            waits.push(t.elapsed());
+        }
+        stop.store(true, Relaxed);
+        waits.sort();
+        let median = waits[waits.len() / 2];
+        eprintln!(
+            "median READ {median:?}, 90th percentile {:?}; b's engine thread: {} watches",
+            waits[waits.len() * 9 / 10],
+            b.dev.counters().spinner_watches.load(Relaxed)
+        );
+        // Left to the rare polls, a READ waits for the next one: about 350 us on median.
+        assert!(
+            median < Duration::from_micros(150),
+            "median READ {median:?} (quartiles {:?} {:?}); b's engine thread: {} watches, {} take-overs",
+            waits[waits.len() / 4],
+            waits[waits.len() * 3 / 4],
+            b.dev.counters().spinner_watches.load(Relaxed),
+            b.dev.counters().thread_receives.load(Relaxed),
+        );
+    });
+    let mut got = vec![0u8; len];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got, vec![5u8; len]);
 }

@@ -23,7 +23,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::async_event::AsyncEvents;
@@ -94,6 +94,18 @@ pub struct Engine {
     /// Posts were left for a poll ([`Engine::post_done`]) and the engine thread looks at them
     /// from time to time until the queue is empty: posters leaving more do not wake it.
     doorbell_watch: AtomicBool,
+    /// Busy-poll mode: active polls in a row that found datagrams which had waited since the
+    /// poll before, more than SPINNER_GRACE earlier (an application that polls only now and
+    /// then); at RARE_POLLER_FINDS the engine thread is asked to watch the socket
+    /// (`spinner_wanted`) as it does for a memory spinner.
+    late_finds: AtomicU32,
+    /// Polls that found nothing since the last of `late_finds` (many: a busy poller that was
+    /// off its CPU for a while, not an application that polls now and then).
+    empty_polls: AtomicU32,
+    spinner_wanted: AtomicBool,
+    /// A send was posted since the last active poll: the application is busy with the device
+    /// (a long post of large messages is not a gap between polls).
+    posted: AtomicBool,
 }
 
 /// The receive lock's contents: the socket's batch and the endpoint's receive state.
@@ -166,6 +178,10 @@ impl Engine {
             kick,
             timer_watch: AtomicU64::new(0),
             doorbell_watch: AtomicBool::new(false),
+            late_finds: AtomicU32::new(0),
+            empty_polls: AtomicU32::new(0),
+            spinner_wanted: AtomicBool::new(false),
+            posted: AtomicBool::new(false),
         })
     }
 
@@ -254,7 +270,16 @@ impl Engine {
 
     /// Post one send work request: [`Endpoint::post_send`].
     pub fn post_send(&self, cell: &Arc<QpCell>, wr: &SendWr<'_>) -> Result<(), PostError> {
-        self.ep.post_send(cell, wr, self)
+        let res = self.ep.post_send(cell, wr, self);
+        self.note_post();
+        res
+    }
+
+    /// A send was posted (see `posted`); a store only when the flag changes.
+    fn note_post(&self) {
+        if !self.posted.load(Ordering::Relaxed) {
+            self.posted.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Post a list of send work requests: [`Endpoint::post_send_list`]; the caller counts as
@@ -266,6 +291,7 @@ impl Engine {
     ) -> Result<(), (usize, PostError)> {
         let res = self.ep.post_send_list(cell, wrs, self);
         self.mark_active(self.now());
+        self.note_post();
         res
     }
 

@@ -33,6 +33,7 @@ impl Engine {
         now: u64,
         may_wait: bool,
     ) -> bool {
+        self.note_post();
         if self.mode == PollMode::BusyPoll
             && may_wait
             && body.deferred < DOORBELL_MAX

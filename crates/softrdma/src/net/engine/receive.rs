@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Engine, PollMode, RX_BATCH, RxState};
 use crate::net::endpoint::ACK_DELAY;
+use crate::params::{RARE_POLLER_EMPTY_MAX, RARE_POLLER_FINDS, SPINNER_GRACE};
 
 impl Engine {
     /// Receive and process what is queued on the socket, if no other thread is doing so.
@@ -17,6 +18,9 @@ impl Engine {
     /// (busy-poll mode), one that is about to sleep until a completion event (its CQ is armed)
     /// does not.
     pub fn progress_as(&self, timers: bool, active: bool) -> usize {
+        // The application's last sign of life before this poll: a poll, a post or a
+        // receive batch (see `note_find`).
+        let before = self.last_poll.load(Ordering::Relaxed);
         let now = self.polled_at(active);
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
@@ -25,6 +29,14 @@ impl Engine {
         // while.
         let defer_acks = self.mode == PollMode::BusyPoll && active;
         let mut done = self.receive_at(&mut rx, defer_acks, active, now);
+        if defer_acks {
+            // Posts since the last poll: the application was busy with the device meanwhile.
+            let posted = self.posted.load(Ordering::Relaxed);
+            if posted {
+                self.posted.store(false, Ordering::Relaxed);
+            }
+            self.note_find(before, now, done, posted);
+        }
         // Active pollers also fire due timers, so that the engine thread can stay asleep
         // instead of preempting them; what is queued goes first (`drain_before_timers`).
         let scan = timers || now >= self.ep.next_timer();
@@ -55,6 +67,47 @@ impl Engine {
             (a, b) => a.or(b),
         };
         (done, next)
+    }
+
+    /// Busy-poll mode, after an active poll at `now` that handled `done` packets, the
+    /// application's previous poll or receive batch having been at `before` and `posted`
+    /// telling whether it posted sends since: polls without posts in between that keep finding datagrams which waited for them since more than SPINNER_GRACE (an application that polls now and then, such
+    /// as a progress thread that wakes once a millisecond) would make every request wait for
+    /// the next one, while their activity keeps the engine thread off the receive path. After
+    /// RARE_POLLER_FINDS of them in a row the engine thread is woken to watch the socket and
+    /// take what no poll takes within SPINNER_GRACE (it stops once pollers take the datagrams
+    /// again: SPINNER_SKIPS). Busy pollers poll back to back and never get there.
+    fn note_find(&self, before: u64, now: u64, done: usize, posted: bool) {
+        let counting = self.late_finds.load(Ordering::Relaxed) != 0;
+        if done == 0 {
+            // A poller that spins between its finds is a busy one (it was off its CPU):
+            // its late finds do not count.
+            if counting
+                && self.empty_polls.fetch_add(1, Ordering::Relaxed) + 1 >= RARE_POLLER_EMPTY_MAX
+            {
+                self.late_finds.store(0, Ordering::Relaxed);
+            }
+            return;
+        }
+        let late = !posted && before != 0 && now.saturating_sub(before) > SPINNER_GRACE;
+        if !late {
+            if counting {
+                self.late_finds.store(0, Ordering::Relaxed);
+            }
+            return;
+        }
+        self.empty_polls.store(0, Ordering::Relaxed);
+        if self.late_finds.fetch_add(1, Ordering::Relaxed) + 1 == RARE_POLLER_FINDS {
+            self.spinner_wanted.store(true, Ordering::Release);
+            self.kick_thread();
+        }
+    }
+
+    /// The engine thread's side of `note_find`: whether pollers asked it to watch the socket
+    /// since it last looked.
+    pub(super) fn take_spinner_wish(&self) -> bool {
+        self.spinner_wanted.load(Ordering::Relaxed)
+            && self.spinner_wanted.swap(false, Ordering::AcqRel)
     }
 
     /// A poll that found completions waiting (busy-poll mode): it takes them without a

@@ -98,6 +98,19 @@ impl Engine {
 
     /// How long to sleep, and whether on the socket too.
     fn plan_wait(&self, st: &mut Loop, next: Option<u64>) -> (u64, bool) {
+        // Polls keep finding datagrams that waited for them (`note_find`): watch the socket
+        // as for a memory spinner.
+        if self.take_spinner_wish() {
+            self.late_finds.store(0, Ordering::Relaxed);
+            if !st.spinner {
+                self.ep
+                    .counters
+                    .spinner_watches
+                    .fetch_add(1, Ordering::Relaxed);
+                st.spinner = true;
+                st.skips = 0;
+            }
+        }
         let now = self.now();
         let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
         let (watching, leave_to_poller, doorbell_nap) = self.doorbell_plan(st, now);
