@@ -103,12 +103,7 @@ impl Engine {
         if self.take_spinner_wish() {
             self.late_finds.store(0, Ordering::Relaxed);
             if !st.spinner {
-                self.ep
-                    .counters
-                    .spinner_watches
-                    .fetch_add(1, Ordering::Relaxed);
-                st.spinner = true;
-                st.skips = 0;
+                self.start_watching(st);
             }
         }
         let now = self.now();
@@ -282,12 +277,7 @@ impl Engine {
             } else if pollers_quiet && found > 0 {
                 st.takeovers += 1;
                 if st.takeovers >= SPINNER_TAKEOVERS {
-                    self.ep
-                        .counters
-                        .spinner_watches
-                        .fetch_add(1, Ordering::Relaxed);
-                    st.spinner = true;
-                    st.skips = 0;
+                    self.start_watching(st);
                 }
             } else if pollers_quiet {
                 st.takeovers = 0;
@@ -295,6 +285,17 @@ impl Engine {
         }
         // One round of left-over answers between two receives.
         self.serve_pending_transmit();
+    }
+
+    /// Busy-poll mode: from now on watch the socket and take what pollers leave for
+    /// SPINNER_GRACE (counted in `spinner_watches`).
+    fn start_watching(&self, st: &mut Loop) {
+        self.ep
+            .counters
+            .spinner_watches
+            .fetch_add(1, Ordering::Relaxed);
+        st.spinner = true;
+        st.skips = 0;
     }
 
     /// A poller holds the receive path (a poller inside a long receive has not marked itself
