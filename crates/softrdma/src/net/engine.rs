@@ -94,10 +94,10 @@ pub struct Engine {
     /// Posts were left for a poll ([`Engine::post_done`]) and the engine thread looks at them
     /// from time to time until the queue is empty: posters leaving more do not wake it.
     doorbell_watch: AtomicBool,
-    /// Busy-poll mode: active polls in a row that found datagrams which had waited since the
-    /// poll before, more than SPINNER_GRACE earlier (an application that polls only now and
-    /// then); at RARE_POLLER_FINDS the engine thread is asked to watch the socket
-    /// (`spinner_wanted`) as it does for a memory spinner.
+    /// Busy-poll mode: active polls in a row that found datagrams more than SPINNER_GRACE
+    /// after the application's previous poll, with no post in between (an application that
+    /// polls only now and then, `Engine::note_find`); at RARE_POLLER_FINDS the engine thread is
+    /// asked to watch the socket (`spinner_wanted`) as it does for a memory spinner.
     late_finds: AtomicU32,
     /// Polls that found nothing since the last of `late_finds` (many: a busy poller that was
     /// off its CPU for a while, not an application that polls now and then).

@@ -69,14 +69,16 @@ impl Engine {
         (done, next)
     }
 
-    /// Busy-poll mode, after an active poll at `now` that handled `done` packets, the
-    /// application's previous poll or receive batch having been at `before` and `posted`
-    /// telling whether it posted sends since: polls without posts in between that keep finding datagrams which waited for them since more than SPINNER_GRACE (an application that polls now and then, such
-    /// as a progress thread that wakes once a millisecond) would make every request wait for
-    /// the next one, while their activity keeps the engine thread off the receive path. After
-    /// RARE_POLLER_FINDS of them in a row the engine thread is woken to watch the socket and
-    /// take what no poll takes within SPINNER_GRACE (it stops once pollers take the datagrams
-    /// again: SPINNER_SKIPS). Busy pollers poll back to back and never get there.
+    /// Busy-poll mode, after an active poll at `now` that handled `done` packets; `before` is
+    /// the application's previous poll or receive batch, `posted` whether it posted sends
+    /// since. An application that polls only now and then (UCX's one-sided test servers) finds
+    /// datagrams that waited for its poll, while its polls keep the engine thread off the
+    /// receive path: every request would wait for the next poll. A find more than
+    /// SPINNER_GRACE after `before`, with no post in between, is late; after RARE_POLLER_FINDS
+    /// late finds in a row, with fewer than RARE_POLLER_EMPTY_MAX empty polls between them
+    /// (a busy poller that was off its CPU spins between its finds), the engine thread is
+    /// woken to watch the socket and take what no poll takes within SPINNER_GRACE (it stops
+    /// once pollers take the datagrams again: SPINNER_SKIPS).
     fn note_find(&self, before: u64, now: u64, done: usize, posted: bool) {
         let counting = self.late_finds.load(Ordering::Relaxed) != 0;
         if done == 0 {
