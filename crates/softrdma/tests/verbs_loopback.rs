@@ -820,6 +820,76 @@ fn srq_limit_fires_once_when_receives_run_low() {
     assert_eq!((srq.limit(), srq.limit_events(), srq.len()), (0, 2, 0));
 }
 
+/// Small SENDs posted together leave in one GSO datagram; a QP that takes its receives from
+/// an SRQ completes every one of them, none refused with an RNR NAK while receives wait (its
+/// completions of the datagram's earlier SENDs are moved to the CQ first). Refused, each
+/// would have cost the sender an RNR wait: UCX's rendezvous messages, whose RNR timer is
+/// 1 ms, took about 1 ms each.
+#[test]
+fn an_srq_qp_takes_a_datagram_of_small_sends_whole() {
+    const N: u64 = 16;
+    let a = side([127, 0, 0, 1], 24831, PollMode::Blocking);
+    let mut b = side([127, 0, 0, 2], 24831, PollMode::Blocking);
+    let srq = b.pd.create_srq(64, 1).unwrap();
+    let mut attr = QpInitAttr::new(&b.cq);
+    attr.srq = Some(srq.clone());
+    // As verbs programs create them: no receive queue of its own.
+    attr.cap.max_recv_wr = 0;
+    b.qp = b.pd.create_qp(&attr).unwrap();
+    connect(&a, &b);
+    let src = a.pd.reg_buffer(vec![7u8; 64], Access::LOCAL_WRITE).unwrap();
+    let dst =
+        b.pd.reg_buffer(vec![0u8; 64 * N as usize], Access::LOCAL_WRITE)
+            .unwrap();
+    for i in 0..N {
+        let sge = [dst.sge(i * 64, 64)];
+        srq.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &sge,
+        })
+        .unwrap();
+    }
+    let sge = [src.sge(0, 64)];
+    let wrs: Vec<SendWr<'_>> = (0..N)
+        .map(|i| {
+            SendWr::new(i, WrOpcode::Send)
+                .sg(&sge)
+                .flags(SendFlags::SIGNALED)
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    a.qp.post_send_list(&wrs).unwrap();
+    let mut got = Vec::new();
+    while (got.len() as u64) < N {
+        let wc = one(&b.cq);
+        assert_eq!(wc.status, WcStatus::Success);
+        got.push(wc.wr_id);
+    }
+    for _ in 0..N {
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+    }
+    let took = t0.elapsed();
+    assert_eq!(
+        got,
+        (0..N).collect::<Vec<_>>(),
+        "receives complete in order"
+    );
+    let (rc, sc) = (b.qp.counters(), a.qp.counters());
+    assert_eq!(
+        (rc.resp.rnr_naks_sent, sc.comp.rnr_naks_received),
+        (0, 0),
+        "a SEND was refused though receives were posted (took {took:?})"
+    );
+    assert!(
+        a.dev
+            .counters()
+            .tx_datagrams
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < N,
+        "the SENDs should share datagrams"
+    );
+}
+
 /// In busy-poll mode a thread that arms its CQ and sleeps on the completion channel hands the
 /// receive path to the engine thread at once: an event-driven ping-pong (both sides arm, poll
 /// once more, then wait for the event, as `ibv_rc_pingpong -e` does) is not stalled until the

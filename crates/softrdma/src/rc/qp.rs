@@ -608,6 +608,14 @@ impl Qp {
         wc
     }
 
+    /// True when the receive completions not yet moved to the CQ fill their queue, which
+    /// holds as many as the RQ has WQEs (one with an SRQ): the next receive would be refused
+    /// (RNR NAK) though a receive WQE waits. The caller moves them first
+    /// ([`Endpoint::handle_packet`](crate::net::Endpoint::handle_packet)).
+    pub fn recv_completions_full(&self) -> bool {
+        self.recv_cq.len() >= self.recv_cq.capacity().max(1)
+    }
+
     /// The next receive completion.
     pub fn poll_recv_completion(&mut self) -> Option<WorkCompletion> {
         let wc = self.recv_cq.pop_front();

@@ -191,6 +191,12 @@ impl Endpoint {
         pkt: &Packet<'_>,
         from: Option<&crate::rc::DatagramSource>,
     ) {
+        // Completions of the datagram's earlier packets go to the CQ before they could make
+        // this one look refused: an SRQ's QP holds only one between drives, and a datagram
+        // may carry several messages (a GSO train of small SENDs).
+        if body.qp.recv_completions_full() {
+            self.drain_completions(cell, body);
+        }
         match &cell.srq {
             Some(s) => {
                 let mut srq = s.srq.lock().unwrap_or_else(|e| e.into_inner());
