@@ -19,6 +19,8 @@ pub struct Device {
     pub cfg: DeviceConfig,
     /// Position in the device list (`ibv_get_device_index`).
     pub index: usize,
+    /// The port's active width and speed ([`crate::ifmtu::link_of`]).
+    pub link: crate::ifmtu::Link,
 }
 
 // SAFETY: a Device is never written after the device table is built; its only raw pointers
@@ -79,7 +81,13 @@ impl Device {
             ibdev_path: [0; crate::abi::IBV_SYSFS_PATH_MAX],
         };
         let cfg = cfg.resolve_mtu();
-        let mut d = Device { dev, cfg, index };
+        let link = crate::ifmtu::link_of(cfg.addr);
+        let mut d = Device {
+            dev,
+            cfg,
+            index,
+            link,
+        };
         copy_cstr(&mut dev.name, &d.cfg.name);
         // `dev_name` is the device's own name rather than the kernel's `uverbs<N>`, so that
         // `/dev/infiniband/<dev_name>` can be provided for clients that check the node exists

@@ -37,9 +37,5 @@ pub const LOCAL_CA_ACK_DELAY: u8 = 15;
 pub const GID_TBL_LEN: i32 = 16;
 /// Largest message (2 GiB, the InfiniBand limit).
 pub const MAX_MSG_SZ: u32 = 1 << 31;
-/// `IBV_WIDTH_1X`.
-pub const ACTIVE_WIDTH: u8 = 1;
-/// `IBV_SPEED_EDR` (25 Gb/s per lane).
-pub const ACTIVE_SPEED: u8 = 32;
 /// `IBV_PORT_PHYS_STATE_LINK_UP`.
 pub const PHYS_STATE_LINK_UP: u8 = 5;
