@@ -21,6 +21,10 @@ struct Loop {
     /// and takes what pollers leave for SPINNER_GRACE, until SPINNER_SKIPS wake-ups in a row
     /// find pollers taking the datagrams again.
     spinner: bool,
+    /// Watching for an application that polls only now and then (`note_find`), not for a
+    /// memory spinner: its thread is not on a CPU between its polls, so this thread keeps
+    /// receiving after a take-over (`spin_receive`) as for an application that never polls.
+    rare_poller: bool,
     skips: u32,
     /// Take-overs in a row that found datagrams waiting (see SPINNER_TAKEOVERS).
     takeovers: u32,
@@ -42,6 +46,7 @@ impl Default for Loop {
             woken_for_nothing: false,
             retry: false,
             spinner: false,
+            rare_poller: false,
             skips: 0,
             takeovers: 0,
             nap: false,
@@ -105,6 +110,7 @@ impl Engine {
             if !st.spinner {
                 self.start_watching(st);
             }
+            st.rare_poller = true;
         }
         let now = self.now();
         let wait = next.map_or(IDLE, |t| t.saturating_sub(now)).min(IDLE);
@@ -259,7 +265,7 @@ impl Engine {
         // mode where this thread received every message (about 6,000 wake-ups per 5,000
         // iterations of ib_write_lat, 16-150 us each instead of 4) and stayed there.
         let mut found = self.receive(&mut rx, busy && st.spinner);
-        if busy && found > 0 && pollers_quiet {
+        if busy && found > 0 && (pollers_quiet || (st.spinner && st.rare_poller)) {
             found += self.spin_receive(&mut rx);
         }
         st.ack_due = held_ack_due(&rx);
@@ -295,6 +301,7 @@ impl Engine {
             .spinner_watches
             .fetch_add(1, Ordering::Relaxed);
         st.spinner = true;
+        st.rare_poller = false;
         st.skips = 0;
     }
 

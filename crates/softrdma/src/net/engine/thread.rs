@@ -139,13 +139,14 @@ impl Engine {
     }
 
     /// Busy-poll mode, when the engine thread has the receive path because no application
-    /// thread polls (a server that waits elsewhere, as perftest's does) and found datagrams:
+    /// thread polls (a server that waits elsewhere, as perftest's does), or one polls only
+    /// now and then (a rare poller: see `note_find`), and found datagrams:
     /// keep taking them until ENGINE_SPIN passes without one, instead of going back to sleep
     /// (on this kind of machine a wake-up costs more than the packets it serves, and a
     /// requester waiting for the acknowledgements waits for it). Answers left over are served
-    /// in between. Returns to the loop when a timer is due, a region was invalidated, a
-    /// poller is active again, the engine stops, or after ENGINE_SPIN_MAX in all. Returns the
-    /// packets handled.
+    /// in between. Returns to the loop when a timer is due, a region was invalidated, an
+    /// application thread polls, the engine stops, or after ENGINE_SPIN_MAX in all. Returns
+    /// the packets handled.
     pub(super) fn spin_receive(&self, rx: &mut RxState) -> usize {
         let start = self.now();
         let mut until = start + ENGINE_SPIN;
@@ -159,7 +160,7 @@ impl Engine {
                 || now - start > ENGINE_SPIN_MAX
                 || now >= self.ep.next_timer()
                 || self.ep.invalidations_pending()
-                || !self.pollers_quiet()
+                || self.last_poll.load(Ordering::Relaxed) > start
                 || self.stop.load(Ordering::Relaxed)
             {
                 return found;
