@@ -29,7 +29,11 @@ impl Engine {
         // while.
         let defer_acks = self.mode == PollMode::BusyPoll && active;
         let mut done = self.receive_at(&mut rx, defer_acks, active, now);
-        if defer_acks {
+        // A find by a thread about to wait for its event counts as well (UCX's progress
+        // thread: its polls after each wake-up are of armed CQs, and its unarmed ones, which
+        // keep the engine thread off the receive path, come before the requests and find
+        // nothing); its empty polls do not.
+        if defer_acks || (self.mode == PollMode::BusyPoll && done > 0) {
             // Posts since the last poll: the application was busy with the device meanwhile.
             let posted = self.posted.load(Ordering::Relaxed);
             if posted {
@@ -69,9 +73,9 @@ impl Engine {
         (done, next)
     }
 
-    /// Busy-poll mode, after an active poll at `now` that handled `done` packets; `before` is
-    /// the application's previous poll or receive batch, `posted` whether it posted sends
-    /// since. An application that polls only now and then (UCX's one-sided test servers) finds
+    /// Busy-poll mode, after an active poll at `now` that handled `done` packets, or a poll
+    /// about to wait for its event that handled some; `before` is the application's previous
+    /// active poll or receive batch, `posted` whether it posted sends since. An application that polls only now and then (UCX's one-sided test servers) finds
     /// datagrams that waited for its poll, while its polls keep the engine thread off the
     /// receive path: every request would wait for the next poll. A find more than
     /// SPINNER_GRACE after `before`, with no post in between, is late; after RARE_POLLER_FINDS
