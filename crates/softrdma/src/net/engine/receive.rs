@@ -75,9 +75,10 @@ impl Engine {
 
     /// Busy-poll mode, after an active poll at `now` that handled `done` packets, or a poll
     /// about to wait for its event that handled some; `before` is the application's previous
-    /// active poll or receive batch, `posted` whether it posted sends since. An application that polls only now and then (UCX's one-sided test servers) finds
-    /// datagrams that waited for its poll, while its polls keep the engine thread off the
-    /// receive path: every request would wait for the next poll. A find more than
+    /// active poll or receive batch, `posted` whether it posted sends since. An application
+    /// that polls only now and then (UCX's one-sided test servers) finds datagrams that
+    /// waited for its poll, while its polls keep the engine thread off the receive path:
+    /// every request would wait for the next poll. A find more than
     /// SPINNER_GRACE after `before`, with no post in between, is late; after RARE_POLLER_FINDS
     /// late finds in a row, with fewer than RARE_POLLER_EMPTY_MAX empty polls between them
     /// (a busy poller that was off its CPU spins between its finds), the engine thread is
