@@ -20,11 +20,21 @@
 //! The handler is installed when the first memory table that copies raw memory with checks
 //! is made, and checked once the probe of a real fault (a page with no access) came back as
 //! an error. A program (or runtime, or sanitizer) may later install its own handler without
-//! chaining to ours: then faults in our copies would reach it instead. Every registration of
-//! raw memory therefore checks that the handler is still ours (one `sigaction` query); when
-//! it is not, caught copies stop for good and raw memory goes through the kernel's copies
-//! again. Programs that own these signals can choose the kernel's copies from the start
+//! chaining to ours: then faults in our copies would reach it instead. Communication
+//! libraries do exactly that: UCX (`UCX_ERROR_SIGNALS`) and Open MPI (`opal_signal`) install
+//! handlers that print a backtrace, after the device opened. Every registration of raw
+//! memory therefore checks that the handler is still ours (one `sigaction` query); when it
+//! is not, ours is put back in front of the new one, which becomes the handler ours calls
+//! for every fault that is not its own: the program's handler sees exactly the faults it saw
+//! before. A program that keeps replacing it (more than [`REINSTALLS`] times) wins: caught
+//! copies stop for good and raw memory goes through the kernel's copies again. Programs
+//! that own these signals can choose the kernel's copies from the start
 //! ([`RawCopy::Kernel`](super::RawCopy)).
+//!
+//! Until the next registration puts ours back, a fault in a caught copy would reach the
+//! program's handler; the window is the time between the program installing its handler
+//! and its next registration of raw memory, during which raw memory is touched only if it is
+//! already registered and its pages vanish.
 //!
 //! Only x86-64 Linux has the routines; elsewhere [`armed`] is false and the kernel copies.
 
@@ -48,9 +58,14 @@ pub(crate) fn arm() -> bool {
     imp::arm()
 }
 
+/// How many times the handler is put back in front of a program's (see the module
+/// documentation) before caught copies stop for good.
+pub(crate) const REINSTALLS: usize = 15;
+
 /// Check that the handler is still the one installed for `SIGSEGV` and `SIGBUS`; if a
-/// program replaced it, disarm caught copies for good (raw memory then goes through the
-/// kernel's copies). Returns whether caught copies are (still) in use.
+/// program replaced it, put ours back in front of the program's (up to [`REINSTALLS`] times;
+/// then disarm caught copies for good: raw memory goes through the kernel's copies). Returns
+/// whether caught copies are (still) in use.
 pub(crate) fn still_armed() -> bool {
     imp::still_armed()
 }
@@ -91,8 +106,11 @@ pub(crate) unsafe fn compare_swap(p: *mut u64, compare: u64, swap: u64) -> Resul
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod imp {
-    use super::{ARMED, Faulted, Ordering};
-    use std::sync::OnceLock;
+    use super::{ARMED, Faulted, Ordering, REINSTALLS};
+    use std::cell::UnsafeCell;
+    use std::mem::MaybeUninit;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Mutex, OnceLock};
 
     // The routines (System V ABI: arguments in rdi, rsi, rdx, rcx; result in eax). Every
     // instruction that touches caller-given memory lies in [begin, end); they are leaf
@@ -151,8 +169,56 @@ mod imp {
         static softrdma_caught_fixup: u8;
     }
 
-    /// The dispositions found when the handler was installed (`SIGSEGV`, `SIGBUS`).
-    static PREVIOUS: [OnceLock<libc::sigaction>; 2] = [OnceLock::new(), OnceLock::new()];
+    /// The disposition the handler passes foreign faults of one signal to: the one found when
+    /// it was installed, then the one of each program that replaced it (see
+    /// [`Previous::publish`]). A slot is written once, before it is published, and never
+    /// again, so the handler reads it without a lock.
+    struct Previous {
+        slots: [UnsafeCell<MaybeUninit<libc::sigaction>>; REINSTALLS + 1],
+        /// 1 + the index of the published slot (0: none yet).
+        current: AtomicUsize,
+    }
+
+    // SAFETY: slots are written only under `PUBLISH` and only before `current` publishes
+    // them (Release; read with Acquire), never after: a published slot is immutable.
+    unsafe impl Sync for Previous {}
+
+    impl Previous {
+        const fn new() -> Previous {
+            Previous {
+                slots: [const { UnsafeCell::new(MaybeUninit::uninit()) }; REINSTALLS + 1],
+                current: AtomicUsize::new(0),
+            }
+        }
+
+        /// The disposition published last (async-signal-safe: two loads).
+        fn get(&self) -> Option<&libc::sigaction> {
+            let i = self.current.load(Ordering::Acquire);
+            let slot = self.slots.get(i.checked_sub(1)?)?;
+            // SAFETY: slot `i - 1` was written before `current` published it and is never
+            // written again.
+            Some(unsafe { (*slot.get()).assume_init_ref() })
+        }
+
+        /// Make `act` the disposition foreign faults go to. False when the slots are used
+        /// up. Called with `PUBLISH` held.
+        fn publish(&self, act: &libc::sigaction) -> bool {
+            let next = self.current.load(Ordering::Relaxed);
+            let Some(slot) = self.slots.get(next) else {
+                return false;
+            };
+            // SAFETY: slot `next` is not published (only slots below `current` are), and
+            // writers hold `PUBLISH`.
+            unsafe { (*slot.get()).write(*act) };
+            self.current.store(next + 1, Ordering::Release);
+            true
+        }
+    }
+
+    /// The dispositions foreign faults go to (`SIGSEGV`, `SIGBUS`).
+    static PREVIOUS: [Previous; 2] = [Previous::new(), Previous::new()];
+    /// Serialises installing and reinstalling the handler.
+    static PUBLISH: Mutex<()> = Mutex::new(());
     /// Whether the handler is installed and passed its probe (decided once).
     static INSTALLED: OnceLock<bool> = OnceLock::new();
 
@@ -186,6 +252,11 @@ mod imp {
             return;
         };
         let h = prev.sa_sigaction;
+        if prev.sa_flags & libc::SA_RESETHAND != 0 && h != libc::SIG_DFL && h != libc::SIG_IGN {
+            // A one-shot handler: the kernel would have reset the disposition before calling
+            // it.
+            restore_default(sig);
+        }
         if h == libc::SIG_DFL || h == libc::SIG_IGN {
             // Put the old disposition back and let the instruction fault again: the process
             // ends as it would have without softrdma.
@@ -222,31 +293,54 @@ mod imp {
     }
 
     fn install() -> bool {
-        for (slot, sig) in SIGNALS.into_iter().enumerate() {
-            // SAFETY: sigaction with a null new action only reads the current one into a
-            // zeroed struct.
-            let cur = unsafe {
-                let mut cur: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, std::ptr::null(), &mut cur) != 0 {
-                    return false;
-                }
-                cur
-            };
-            let _ = PREVIOUS[slot].set(cur);
-            // SAFETY: installs a handler that only reads and writes the interrupted context
-            // and otherwise calls the previous disposition; the struct is fully initialised.
-            let rc = unsafe {
-                let mut new: libc::sigaction = std::mem::zeroed();
-                new.sa_sigaction = handler_address();
-                new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-                libc::sigemptyset(&mut new.sa_mask);
-                libc::sigaction(sig, &new, std::ptr::null_mut())
-            };
-            if rc != 0 {
-                return false;
-            }
+        let _g = PUBLISH.lock().unwrap_or_else(|e| e.into_inner());
+        SIGNALS
+            .into_iter()
+            .enumerate()
+            .all(|(slot, sig)| install_one(slot, sig))
+            && still_installed()
+    }
+
+    /// Put the handler in front of `sig`'s current disposition, which foreign faults then go
+    /// to. False when that failed or the slots are used up. Called with `PUBLISH` held.
+    fn install_one(slot: usize, sig: libc::c_int) -> bool {
+        let Some(cur) = disposition(sig) else {
+            return false;
+        };
+        if cur.sa_sigaction == handler_address() {
+            return true;
         }
-        still_installed()
+        // Published first, so that a foreign fault meanwhile finds its handler.
+        if !PREVIOUS[slot].publish(&cur) {
+            return false;
+        }
+        // SAFETY: installs a handler that only reads and writes the interrupted context and
+        // otherwise calls the previous disposition; the structs are fully initialised (`old`
+        // is written by the kernel).
+        let (rc, old) = unsafe {
+            let mut new: libc::sigaction = std::mem::zeroed();
+            new.sa_sigaction = handler_address();
+            new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut new.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            (libc::sigaction(sig, &new, &mut old), old)
+        };
+        if rc != 0 {
+            return false;
+        }
+        // Another thread installed its handler between the read and the swap: that one is
+        // the previous disposition.
+        old.sa_sigaction == cur.sa_sigaction || PREVIOUS[slot].publish(&old)
+    }
+
+    /// The current disposition of `sig`.
+    fn disposition(sig: libc::c_int) -> Option<libc::sigaction> {
+        // SAFETY: sigaction with a null new action only reads the current one into a zeroed
+        // struct.
+        unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            (libc::sigaction(sig, std::ptr::null(), &mut cur) == 0).then_some(cur)
+        }
     }
 
     /// A real fault, caught: a page with no access, read, written and added to.
@@ -299,10 +393,22 @@ mod imp {
         if still_installed() {
             return true;
         }
+        let _g = PUBLISH.lock().unwrap_or_else(|e| e.into_inner());
+        if SIGNALS
+            .into_iter()
+            .enumerate()
+            .all(|(slot, sig)| install_one(slot, sig))
+            && still_installed()
+        {
+            tracing::debug!(
+                "a SIGSEGV/SIGBUS handler installed after softrdma's now runs behind it"
+            );
+            return true;
+        }
         ARMED.store(false, Ordering::Relaxed);
         tracing::warn!(
-            "the SIGSEGV/SIGBUS handler of softrdma was replaced: raw memory is copied by \
-             the kernel from now on"
+            "the SIGSEGV/SIGBUS handler of softrdma was replaced too often: raw memory is \
+             copied by the kernel from now on"
         );
         false
     }
@@ -501,22 +607,81 @@ mod tests {
         assert_eq!(out.status.code(), Some(42), "{out:?}");
     }
 
-    /// A program that replaces the handler turns caught copies off at the next check.
+    /// A handler a program installs after softrdma's ends up behind it at the next check:
+    /// caught copies go on, and a foreign fault reaches the program's handler.
     #[test]
-    fn a_replaced_handler_disarms_caught_copies() {
+    fn a_handler_installed_later_runs_behind_ours() {
+        const CHILD: &str = "SOFTRDMA_FAULT_LATER_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            extern "C" fn later(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+                // SAFETY: ends the process at once (async-signal-safe).
+                unsafe { libc::_exit(43) };
+            }
+            assert!(arm() && still_armed());
+            // SAFETY: installs an SA_SIGINFO handler for SIGSEGV, replacing softrdma's.
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = later
+                    as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                    as libc::sighandler_t;
+                act.sa_flags = libc::SA_SIGINFO;
+                libc::sigemptyset(&mut act.sa_mask);
+                assert_eq!(
+                    libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()),
+                    0
+                );
+            }
+            assert!(still_armed(), "the handler was not put back");
+            assert!(armed());
+            // A caught fault still comes back as an error, not to `later`...
+            // SAFETY: the null page faults and is caught.
+            assert!(unsafe { copy(std::ptr::null_mut(), [1u8].as_ptr(), 1) }.is_err());
+            // SAFETY: as above, for an atomic.
+            assert!(unsafe { fetch_add(std::ptr::null_mut(), 1) }.is_err());
+            // ...and a foreign one goes to `later`.
+            // SAFETY: deliberately faults outside the caught routines.
+            unsafe { std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1) };
+            std::process::exit(1);
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "mem::fault::tests::a_handler_installed_later_runs_behind_ours",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(43), "{out:?}");
+    }
+
+    /// A program that keeps replacing the handler wins: after REINSTALLS times, caught copies
+    /// stop for good.
+    #[test]
+    fn a_handler_replaced_too_often_disarms_caught_copies() {
         const CHILD: &str = "SOFTRDMA_FAULT_REPLACED_CHILD";
         if std::env::var_os(CHILD).is_some() {
             assert!(arm() && still_armed());
-            // SAFETY: installs the default disposition for SIGBUS.
-            unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
-            assert!(!still_armed());
+            let mut kept = 0;
+            for _ in 0..REINSTALLS + 2 {
+                // SAFETY: installs the default disposition for SIGBUS.
+                unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+                if !still_armed() {
+                    break;
+                }
+                kept += 1;
+            }
+            // The first install took one slot; each reinstall one more.
+            assert_eq!(kept, REINSTALLS, "reinstalls before giving up");
             assert!(!armed());
+            assert!(!still_armed());
             std::process::exit(7);
         }
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "mem::fault::tests::a_replaced_handler_disarms_caught_copies",
+                "mem::fault::tests::a_handler_replaced_too_often_disarms_caught_copies",
                 "--nocapture",
                 "--test-threads=1",
             ])
