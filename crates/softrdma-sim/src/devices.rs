@@ -54,6 +54,9 @@ pub struct DeviceNet {
     devices: Vec<Device>,
     /// Drops the datagrams it picks (before any other fault): a scenario's targeted loss.
     pub drop_if: Option<DropFilter>,
+    /// The longest step of the clock when nothing moved (1 ms by default; the time between
+    /// two polls of an application that spins on its CQs, when it matters when they come).
+    pub max_step_ns: u64,
     /// What the network did.
     pub stats: DeviceNetStats,
 }
@@ -71,6 +74,7 @@ impl DeviceNet {
             seq: 0,
             devices: Vec::new(),
             drop_if: None,
+            max_step_ns: 1_000_000,
             stats: DeviceNetStats::default(),
         }
     }
@@ -135,9 +139,11 @@ impl DeviceNet {
                 continue;
             }
             same_instant = 0;
-            // Nothing moved: time passes to the next thing due (at least 1 us, at most 1 ms, so
-            // that work a device does not announce, such as a post left for a poll, runs).
-            let to = next.clamp(now + 1_000, now + 1_000_000).min(end);
+            // Nothing moved: time passes to the next thing due (at least 1 us, at most
+            // `max_step_ns`, so that work a device does not announce, such as a post left for a
+            // poll, runs).
+            let step = self.max_step_ns.max(1);
+            let to = next.clamp(now + step.min(1_000), now + step).min(end);
             self.clock.store(to, Ordering::Release);
         }
     }

@@ -346,3 +346,52 @@ fn split_gso_segments_are_verified_by_solving() {
         "the WRITE's payload was lent"
     );
 }
+
+/// An exchange in which each side waits for its own SEND's completion (its ACK) and for the
+/// peer's SEND before posting the next one, as MPI does over UCX's zero-copy sends: each side
+/// holds back the ACK of the SEND it received (for its answer to carry), and its answer
+/// waits for the ACK the other side holds. An application's poll that finds nothing lets
+/// an ACK held for ACK_GRACE go, so a round takes a few microseconds of virtual time, not
+/// ACK_DELAY.
+#[test]
+fn an_exchange_of_signaled_sends_does_not_wait_for_held_acks() {
+    use softrdma::params::{ACK_DELAY, ACK_GRACE};
+    let mut net = DeviceNet::new(5, Faults::NONE);
+    // The applications poll every 250 ns.
+    net.max_step_ns = 250;
+    let (a, b) = (side(&mut net, 1, 0x11), side(&mut net, 2, 0x22));
+    connect_to(&a, b.dev.addr(), b.qp.qp_num(), 7);
+    connect_to(&b, a.dev.addr(), a.qp.qp_num(), 7);
+    const ROUNDS: u64 = 200;
+    let start = net.now();
+    for round in 0..ROUNDS {
+        for s in [&a, &b] {
+            let sge = [s.mr.sge(128 * 1024, 4096)];
+            s.qp.post_recv(&RecvWr {
+                wr_id: round,
+                sg_list: &sge,
+            })
+            .unwrap();
+            send(s, round, 4096);
+        }
+        let (mut wa, mut wb) = (Vec::new(), Vec::new());
+        let done = net.run_until(1_000_000_000, |_| {
+            poll(&a, &mut wa);
+            poll(&b, &mut wb);
+            wa.len() == 2 && wb.len() == 2
+        });
+        assert!(done, "round {round}: a {wa:?} b {wb:?}");
+        assert!(
+            wa.iter().chain(&wb).all(|w| w.status == WcStatus::Success),
+            "{wa:?} {wb:?}"
+        );
+    }
+    // Each round waited ACK_DELAY (17 us per round) before held ACKs were let go by empty
+    // polls.
+    let per_round = (net.now() - start) / ROUNDS;
+    const { assert!(ACK_GRACE + 2_000 < ACK_DELAY / 2) };
+    assert!(
+        per_round <= ACK_GRACE + 2_000,
+        "{per_round} ns of virtual time per round"
+    );
+}

@@ -67,6 +67,15 @@ pub const RESPONSE_BUDGET: usize = 64;
 /// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
 pub const ACK_DELAY: u64 = 15_000;
 
+/// How long a held acknowledgement waits for the application's answer to carry it once the
+/// application polls and finds nothing (busy-poll mode, ns). A poll that finds nothing means
+/// the application has taken what arrived and waits for more, perhaps for this very
+/// acknowledgement's counterpart: a peer whose send completes only with it (UCX's zero-copy
+/// sends, every request of perftest's latency tests) and that holds back, in turn, the ACK
+/// this side waits for. A ping-pong's answer is posted well within it (perftest's in under
+/// 1 us), so its ACK still rides along.
+pub const ACK_GRACE: u64 = 2_000;
+
 /// After a scan of the QPs' timers, the next waits at least this long per QP of the device
 /// (ns).
 pub const TIMER_SLACK_PER_QP: u64 = 50;

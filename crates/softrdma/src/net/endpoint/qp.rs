@@ -52,8 +52,12 @@ pub(crate) struct HeldAck {
 
 impl HeldAck {
     pub(crate) fn due(&self, now: u64) -> bool {
-        self.since
-            .is_some_and(|t| now.saturating_sub(t) >= ACK_DELAY)
+        self.held_for(now, ACK_DELAY)
+    }
+
+    /// True when one is held and has been for at least `d` at `now`.
+    pub(crate) fn held_for(&self, now: u64, d: u64) -> bool {
+        self.since.is_some_and(|t| now.saturating_sub(t) >= d)
     }
 
     /// When the held acknowledgement (if any) is due.

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Endpoint, EndpointIo, QpBody, QpCell, RESPONSE_BUDGET, RxWork};
+use super::{ACK_DELAY, Endpoint, EndpointIo, QpBody, QpCell, RESPONSE_BUDGET, RxWork};
 use crate::mem::MemoryTable;
 use crate::net::udp::TxBatch;
 use crate::rc::QpType;
@@ -264,13 +264,21 @@ impl Endpoint {
 
     /// [`Endpoint::flush_pending`] at `now`.
     pub fn flush_pending_at(&self, w: &mut RxWork, all: bool, now: u64, io: &impl EndpointIo) {
-        if w.pending.is_empty() || (!all && now < w.pending_due) {
+        self.flush_held_for(w, if all { 0 } else { ACK_DELAY }, now, io);
+    }
+
+    /// Send the acknowledgements held for at least `held` at `now` (ACK_DELAY: those due; 0:
+    /// all); QPs still holding one stay on the list.
+    pub fn flush_held_for(&self, w: &mut RxWork, held: u64, now: u64, io: &impl EndpointIo) {
+        // `pending_due` is the earliest hold's start plus ACK_DELAY.
+        let earliest = w.pending_due.saturating_sub(ACK_DELAY);
+        if w.pending.is_empty() || now.saturating_sub(earliest) < held {
             return;
         }
         let mut next = u64::MAX;
         w.pending.retain(|cell| {
             let mut body = cell.lock();
-            if all || body.held_ack.due(now) {
+            if body.held_ack.held_for(now, held) {
                 self.release_ack(&mut body, now, io);
                 self.publish_deadline(cell, &body, io);
                 self.queue_if_left(cell, &mut body, io);
