@@ -1584,8 +1584,8 @@ fn a_deferred_post_is_sent_when_the_poster_stops_polling() {
     }
     let deferred = a.dev.counters().posts_deferred.load(Relaxed);
     assert!(deferred > 0, "no post was left for a poll");
-    // A SEND behind a WRITE in flight goes out at once: it consumes a receive the peer
-    // reposts as it polls, and deferred bursts of SENDs outran the peer's receives.
+    // A SEND behind a WRITE in flight may be left for a poll like any request, and reaches
+    // the peer's receive all the same when that poll never comes.
     let rbuf = b.pd.reg_buffer(vec![0u8; 64], Access::LOCAL_WRITE).unwrap();
     b.qp.post_recv(&RecvWr {
         wr_id: 77,
@@ -1606,11 +1606,6 @@ fn a_deferred_post_is_sent_when_the_poster_stops_polling() {
         )
         .unwrap();
     drop(batch);
-    assert_eq!(
-        a.dev.counters().posts_deferred.load(Relaxed),
-        deferred,
-        "a SEND was left for a poll"
-    );
     assert_eq!(one(&b.cq).wr_id, 77);
     for _ in 0..2 {
         assert_eq!(one(&a.cq).status, WcStatus::Success);

@@ -287,7 +287,6 @@ impl Qp {
             qp: self,
             body: Some(self.cell.lock()),
             posted: false,
-            consumes_receive: false,
         }
     }
 
@@ -335,8 +334,6 @@ pub struct PostBatch<'a> {
     /// The QP, locked (until the batch is dropped).
     body: Option<QpGuard<'a>>,
     posted: bool,
-    /// A request posted consumes a receive at the peer (its doorbell is not deferred).
-    consumes_receive: bool,
 }
 
 /// A bind of a memory window by a work request ([`PostBatch::bind_mw`]): the window, the
@@ -366,7 +363,6 @@ impl PostBatch<'_> {
         };
         body.qp.post_send(wr)?;
         self.posted = true;
-        self.consumes_receive |= wr.opcode.consumes_receive();
         Ok(())
     }
 
@@ -410,7 +406,7 @@ impl Drop for PostBatch<'_> {
         let now = engine.now();
         // Transmitted now, or left for the poster's next poll (busy-poll mode): then the
         // engine thread is woken once the QP is unlocked, so that it can take the QP.
-        let kick = engine.post_done(&self.qp.cell, &mut body, now, !self.consumes_receive);
+        let kick = engine.post_done(&self.qp.cell, &mut body, now);
         drop(body);
         if kick {
             engine.kick_for_doorbell();

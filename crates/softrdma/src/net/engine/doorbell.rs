@@ -11,12 +11,13 @@ use crate::net::endpoint::{QpBody, QpCell};
 impl Engine {
     /// Work requests were just posted to the (locked) QP: transmit them, or, in busy-poll
     /// mode while the QP has packets in flight and the application polls, leave them for its
-    /// next poll (the doorbell of a NIC that batches them), up to `DOORBELL_MAX` posts. Only
-    /// posts that `may_wait`: one-sided requests (WRITE, READ, atomics); a SEND or WRITE with
-    /// immediate consumes a receive the peer reposts as it polls, and a burst of them can
-    /// outrun it (UCX keeps few: each SEND beyond drew an RNR NAK and a wait). An
-    /// application that posts one request per call in a poll loop (perftest) so sends them
-    /// several to a system call instead of one. The QP joins the endpoint's pending-transmit queue, which
+    /// next poll (the doorbell of a NIC that batches them), up to `DOORBELL_MAX` posts. An
+    /// application that posts one request per call in a poll loop (perftest, UCX) so sends
+    /// them several to a system call instead of one. SENDs too: a burst of them arrives in
+    /// fewer datagrams, which the peer's receive path takes as it takes a burst of datagrams
+    /// queued on its socket (a QP of an SRQ with all of them, since `recv_completions_full`);
+    /// UCX's rendezvous requests, one SEND per call, went out at one system call each, about
+    /// 4 us apart across two hosts, while the READs they asked for waited. The QP joins the endpoint's pending-transmit queue, which
     /// every poll serves first. Returns true when the caller must kick the engine thread
     /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread then looks at
     /// the queue every DOORBELL_GRACE (doubling up to DOORBELL_NAP_MAX while posts keep being
@@ -26,16 +27,9 @@ impl Engine {
     /// so that an application that stops polling (waiting on memory for the peer's answer)
     /// is not left waiting for its requests.
     #[must_use]
-    pub fn post_done(
-        &self,
-        cell: &Arc<QpCell>,
-        body: &mut QpBody,
-        now: u64,
-        may_wait: bool,
-    ) -> bool {
+    pub fn post_done(&self, cell: &Arc<QpCell>, body: &mut QpBody, now: u64) -> bool {
         self.note_post();
         if self.mode == PollMode::BusyPoll
-            && may_wait
             && body.deferred < DOORBELL_MAX
             && body.peer.is_some()
             && body.qp.requests_outstanding()
