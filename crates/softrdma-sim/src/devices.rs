@@ -84,6 +84,12 @@ impl DeviceNet {
         self.clock.load(Ordering::Acquire)
     }
 
+    /// Move the virtual clock `ns` on without driving anything (an application's own work
+    /// between two verbs).
+    pub fn advance(&mut self, ns: u64) {
+        self.clock.fetch_add(ns, Ordering::AcqRel);
+    }
+
     /// Open a busy-poll device at `ip` (UDP port 4791, GSO on, on-demand pinning, no
     /// watcher thread), driven by [`DeviceNet::run_until`].
     pub fn open(&mut self, ip: IpAddr) -> Result<Device, VerbsError> {

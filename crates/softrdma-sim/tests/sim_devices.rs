@@ -395,3 +395,81 @@ fn an_exchange_of_signaled_sends_does_not_wait_for_held_acks() {
         "{per_round} ns of virtual time per round"
     );
 }
+
+/// Busy-poll doorbells and SENDs: the first SEND posted to a QP with packets in flight since
+/// the application's last poll goes out at once (a ping-pong's answer), the ones after it
+/// without a poll in between wait for the next poll and leave together (a burst); one-sided
+/// posts wait whenever the QP has packets in flight.
+#[test]
+fn a_burst_of_sends_waits_for_the_next_poll_but_its_first_send_does_not() {
+    let mut net = DeviceNet::new(9, Faults::NONE);
+    let (a, b) = (side(&mut net, 1, 0x44), side(&mut net, 2, 0));
+    connect_to(&a, b.dev.addr(), b.qp.qp_num(), 7);
+    connect_to(&b, a.dev.addr(), a.qp.qp_num(), 7);
+    for i in 0..8u64 {
+        let sge = [b.mr.sge(128 * 1024 + i * 64, 64)];
+        b.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &sge,
+        })
+        .unwrap();
+    }
+    let deferred = |s: &S| counter(&s.dev, |c| &c.posts_deferred);
+    // Posts as the C path makes them (`ibv_post_send`): one request per batch.
+    let post = |s: &S, wr: &SendWr<'_>| {
+        let mut batch = s.qp.post_batch();
+        batch.post(wr).unwrap();
+    };
+    let src = [a.mr.sge(0, 64)];
+    let send_wr = |id: u64| {
+        SendWr::new(id, WrOpcode::Send)
+            .sg(&src)
+            .flags(SendFlags::SIGNALED)
+    };
+    let big = [a.mr.sge(0, 64 * 1024)];
+    let write_wr = |id: u64, sg| {
+        SendWr::new(
+            id,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.iova(),
+                rkey: b.mr.rkey(),
+            },
+        )
+        .sg(sg)
+        .flags(SendFlags::SIGNALED)
+    };
+    // A WRITE in flight, then a poll by the application.
+    post(&a, &write_wr(100, &big));
+    net.advance(100);
+    poll(&a, &mut Vec::new());
+    assert_eq!(deferred(&a), 0);
+    net.advance(100);
+    post(&a, &send_wr(0));
+    assert_eq!(deferred(&a), 0, "the first SEND since the poll waited");
+    for i in 1..4 {
+        net.advance(100);
+        post(&a, &send_wr(i));
+    }
+    assert_eq!(deferred(&a), 3, "the burst behind it went out one by one");
+    net.advance(100);
+    post(&a, &write_wr(101, &src));
+    assert_eq!(
+        deferred(&a),
+        4,
+        "a WRITE behind packets in flight went out at once"
+    );
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let done = net.run_until(1_000_000_000, |_| {
+        poll(&a, &mut wa);
+        poll(&b, &mut wb);
+        wa.len() == 6 && wb.len() == 4
+    });
+    assert!(done, "a {wa:?} b {wb:?}");
+    assert!(
+        wa.iter().chain(&wb).all(|w| w.status == WcStatus::Success),
+        "{wa:?} {wb:?}"
+    );
+    let mut got: Vec<u64> = wb.iter().map(|w| w.wr_id).collect();
+    got.sort_unstable();
+    assert_eq!(got, [0, 1, 2, 3]);
+}

@@ -287,6 +287,7 @@ impl Qp {
             qp: self,
             body: Some(self.cell.lock()),
             posted: false,
+            consumes_receive: false,
         }
     }
 
@@ -334,6 +335,8 @@ pub struct PostBatch<'a> {
     /// The QP, locked (until the batch is dropped).
     body: Option<QpGuard<'a>>,
     posted: bool,
+    /// A request posted consumes a receive at the peer (SEND kinds, WRITE with immediate).
+    consumes_receive: bool,
 }
 
 /// A bind of a memory window by a work request ([`PostBatch::bind_mw`]): the window, the
@@ -363,6 +366,7 @@ impl PostBatch<'_> {
         };
         body.qp.post_send(wr)?;
         self.posted = true;
+        self.consumes_receive |= wr.opcode.consumes_receive();
         Ok(())
     }
 
@@ -406,7 +410,7 @@ impl Drop for PostBatch<'_> {
         let now = engine.now();
         // Transmitted now, or left for the poster's next poll (busy-poll mode): then the
         // engine thread is woken once the QP is unlocked, so that it can take the QP.
-        let kick = engine.post_done(&self.qp.cell, &mut body, now);
+        let kick = engine.post_done(&self.qp.cell, &mut body, now, self.consumes_receive);
         drop(body);
         if kick {
             engine.kick_for_doorbell();

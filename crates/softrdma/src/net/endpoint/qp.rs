@@ -40,6 +40,8 @@ pub struct QpBody {
     /// Posts whose transmission waits for the poster's next poll
     /// ([`Engine::post_done`](crate::net::Engine::post_done)).
     pub(crate) deferred: u32,
+    /// When the application last posted to the QP (engine clock).
+    pub(crate) last_post: u64,
 }
 
 /// When a QP's transport began holding back a positive acknowledgement (busy-poll mode). The
@@ -205,6 +207,7 @@ impl QpCell {
                 held_ack: HeldAck::default(),
                 tx_queued: false,
                 deferred: 0,
+                last_post: 0,
             }),
             send_cq,
             recv_cq,
