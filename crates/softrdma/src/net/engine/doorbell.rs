@@ -20,15 +20,16 @@ impl Engine {
     /// they asked for waited), while a ping-pong's answer, posted right after the poll that
     /// brought the question, goes out at once (fi_pingpong over RxM: 64 KiB 37 -> 41 us per
     /// transfer when it waited for the next poll). The peer takes such a burst as it takes
-    /// datagrams queued on its socket (a QP of an SRQ all of them: `recv_completions_full`). The QP joins the endpoint's pending-transmit queue, which
-    /// every poll serves first. Returns true when the caller must kick the engine thread
+    /// datagrams queued on its socket (a QP of an SRQ all of them: `recv_completions_full`).
+    /// The QP joins the endpoint's pending-transmit queue, which every poll serves first.
+    ///
+    /// Returns true when the caller must kick the engine thread
     /// ([`Engine::kick_for_doorbell`]) once it has unlocked the QP: the thread then looks at
     /// the queue every DOORBELL_GRACE (doubling up to DOORBELL_NAP_MAX while posts keep being
     /// left and polled) until it is empty and no post was left since (posts meanwhile do not
     /// wake it again), and sends what is left once no application thread has polled for
-    /// DOORBELL_GRACE,
-    /// so that an application that stops polling (waiting on memory for the peer's answer)
-    /// is not left waiting for its requests.
+    /// DOORBELL_GRACE, so that an application that stops polling (waiting on memory for the
+    /// peer's answer) is not left waiting for its requests.
     #[must_use]
     pub fn post_done(
         &self,

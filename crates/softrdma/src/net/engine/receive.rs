@@ -204,7 +204,7 @@ impl Engine {
             // sends those held for ACK_GRACE: it has seen what arrived and posted no answer to
             // carry them, and the peer may wait for them to complete its sends (two sides each
             // waiting for the other's acknowledgement before posting would otherwise each wait
-            // ACK_DELAY: a 4 KiB MPI exchange over UCX's zero-copy sends, 39 -> 1x us).
+            // ACK_DELAY: a 4 KiB MPI exchange over UCX's zero-copy sends took 39 us a round).
             if done == 0 && poller {
                 self.ep.flush_held_for(&mut rx.work, ACK_GRACE, now, self);
             } else {
