@@ -376,14 +376,9 @@ mod imp {
 
     /// Whether our handler is the disposition of both signals.
     fn still_installed() -> bool {
-        SIGNALS.into_iter().all(|sig| {
-            // SAFETY: as in `install`: only reads the current disposition.
-            unsafe {
-                let mut cur: libc::sigaction = std::mem::zeroed();
-                libc::sigaction(sig, std::ptr::null(), &mut cur) == 0
-                    && cur.sa_sigaction == handler_address()
-            }
-        })
+        SIGNALS
+            .into_iter()
+            .all(|sig| disposition(sig).is_some_and(|cur| cur.sa_sigaction == handler_address()))
     }
 
     pub(super) fn still_armed() -> bool {
