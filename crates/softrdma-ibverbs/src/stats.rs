@@ -40,6 +40,8 @@ pub fn line(name: &str, d: &verbs::Device) -> String {
         ("rx_wrong_peer", &c.rx_wrong_peer),
         ("access_violations", &c.access_violations),
         ("posts_deferred", &c.posts_deferred),
+        ("posts_inboxed", &c.posts_inboxed),
+        ("posts_dropped", &c.posts_dropped),
         ("thread_wakeups", &c.thread_wakeups),
         ("thread_receives", &c.thread_receives),
     ];

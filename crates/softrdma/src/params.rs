@@ -64,6 +64,11 @@ pub const LEND_MAX_PIECES: usize = 4;
 /// 64 packets are 256 KiB at a 4096-byte MTU, about 50-100 us of copying here.
 pub const RESPONSE_BUDGET: usize = 64;
 
+/// Times one drive of a QP moves requests posted meanwhile through its inbox into its send
+/// queue and sends them (each round's send is when other threads post through the inbox);
+/// requests posted after the last round reach the pending-transmit queue instead.
+pub const INBOX_ROUNDS: usize = 4;
+
 /// How long a held acknowledgement may wait for a newer one to replace it (busy-poll mode).
 pub const ACK_DELAY: u64 = 15_000;
 

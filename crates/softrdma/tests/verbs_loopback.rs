@@ -1815,3 +1815,76 @@ fn a_responder_that_polls_rarely_answers_reads_promptly() {
     dst.read(0, &mut got).unwrap();
     assert_eq!(got, vec![5u8; len]);
 }
+
+#[test]
+fn posts_while_other_threads_hold_the_qp_go_through_its_inbox_in_order() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    // Blocking mode: the engine thread takes every acknowledgement and sends the next
+    // window's packets with the QP held, and a second thread keeps taking the QP to read its
+    // counters (a holder that never drives): posts meet a held QP both ways.
+    let (a, b) = pair(24893, PollMode::Blocking);
+    const SLOTS: u64 = 8;
+    const LEN: u64 = 16 << 10;
+    const TOTAL: u64 = 3000;
+    const OUTSTANDING: u64 = 32;
+    let src =
+        a.pd.reg_buffer(vec![0u8; (SLOTS * LEN) as usize], Access::LOCAL_WRITE)
+            .unwrap();
+    let dst =
+        b.pd.reg_buffer(
+            vec![0u8; (SLOTS * LEN) as usize],
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !stop.load(Relaxed) && std::time::Instant::now() < deadline {
+                std::hint::black_box(a.qp.counters());
+            }
+        });
+        let (mut posted, mut done) = (0u64, 0u64);
+        let mut wcs = [EMPTY_WC; 16];
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while done < TOTAL {
+            assert!(std::time::Instant::now() < deadline, "stalled at {done}");
+            while posted < TOTAL && posted - done < OUTSTANDING {
+                let slot = posted % SLOTS;
+                // Each WRITE carries its number in its first 8 bytes: a slot's last WRITE
+                // must be the one found there at the end.
+                src.write(slot * LEN, &posted.to_le_bytes()).unwrap();
+                let sge = [src.sge(slot * LEN, LEN as u32)];
+                let wr = SendWr::new(
+                    posted,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: dst.iova() + slot * LEN,
+                        rkey: dst.rkey(),
+                    },
+                )
+                .sg(&sge)
+                .flags(SendFlags::SIGNALED);
+                a.qp.post_batch().post(&wr).unwrap();
+                posted += 1;
+            }
+            let n = a.cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                assert_eq!((wc.wr_id, wc.status), (done, WcStatus::Success));
+                done += 1;
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    for slot in 0..SLOTS {
+        let mut got = [0u8; 8];
+        dst.read(slot * LEN, &mut got).unwrap();
+        let last = (TOTAL - SLOTS..TOTAL).find(|i| i % SLOTS == slot).unwrap();
+        assert_eq!(u64::from_le_bytes(got), last, "slot {slot}");
+    }
+    let c = a.dev.counters();
+    assert_eq!(c.posts_dropped.load(Relaxed), 0);
+    eprintln!(
+        "posts through the inbox: {} of {TOTAL}",
+        c.posts_inboxed.load(Relaxed)
+    );
+}

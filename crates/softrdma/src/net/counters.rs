@@ -32,6 +32,12 @@ pub struct EngineCounters {
     /// Busy-poll mode: posts whose transmission was left for the poster's next poll
     /// ([`Engine::post_done`](crate::net::Engine::post_done)).
     pub posts_deferred: AtomicU64,
+    /// Send work requests posted while another thread held the QP, queued in its inbox
+    /// instead of waiting for the lock (see `net::endpoint::inbox`).
+    pub posts_inboxed: AtomicU64,
+    /// Requests from an inbox that the QP no longer took when they reached it (it was reset
+    /// or modified meanwhile by another thread).
+    pub posts_dropped: AtomicU64,
     /// Times the engine thread woke up (a timer, a packet, or its waker).
     pub thread_wakeups: AtomicU64,
     /// Times the engine thread received for the device (always in blocking mode; in

@@ -29,6 +29,7 @@ pub use crate::params::{ACK_DELAY, RESPONSE_BUDGET};
 use crate::params::{TIMER_SCAN, TIMER_SLACK_PER_QP};
 use crate::wire::{AddressVector, IcrcPrefix, IdDeltas};
 
+mod inbox;
 mod qp;
 mod receive;
 mod teardown;
@@ -36,6 +37,7 @@ mod timers;
 mod transmit;
 mod verbs;
 
+pub use inbox::Inbox;
 pub use qp::{QpBody, QpCell, QpGuard, SrqCore, SrqLimitHook, qp_tx_batch};
 pub(crate) use teardown::Gone;
 pub use transmit::fix_icrc_for_id;

@@ -44,7 +44,7 @@ pub mod wr;
 
 pub use crate::params::{ACK_REQ_EVERY, LAZY_ACK_NS, MAX_INFLIGHT_PSNS, MAX_MSG_SIZE};
 pub use gather::Gather;
-pub use qp::{Qp, QpCap, QpCounters, QpInit};
+pub use qp::{PostRules, Qp, QpCap, QpCounters, QpInit};
 pub use qp_state::{ModifyError, Mtu, QpAttr, QpAttrMask, QpState};
 pub use responder::{NAK_SEQ_WINDOW, RespCounters};
 pub use rq::Srq;

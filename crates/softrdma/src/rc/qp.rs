@@ -66,6 +66,72 @@ pub struct QpInit {
     pub qp_type: QpType,
 }
 
+/// What deciding whether a send work request may be posted takes from a QP ([`Qp::post_rules`]):
+/// its state, queue caps, type and MTU. A snapshot of them lets a poster check a request while
+/// another thread holds the QP (the device core's post inbox).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PostRules {
+    /// The QP's state.
+    pub state: QpState,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+    /// Outstanding READs and atomics it may issue.
+    pub max_rd_atomic: u8,
+    /// The transport service.
+    pub qp_type: QpType,
+    /// The port's MTU in bytes (a UD message's limit).
+    pub port_mtu: u32,
+}
+
+impl PostRules {
+    /// Posting is allowed in this state (RTS, SQD, and the error state, where the request
+    /// completes flushed).
+    pub fn check_state(&self) -> Result<(), PostError> {
+        if matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
+            Ok(())
+        } else {
+            Err(PostError::InvalidState(self.state))
+        }
+    }
+
+    /// Check a send work request against these rules (everything but the queue's room):
+    /// returns its scatter/gather list and its payload length.
+    pub fn check(&self, wr: &SendWr<'_>) -> Result<(SgList, u64), PostError> {
+        self.check_state()?;
+        if wr.sg_list.len() > self.max_send_sge as usize {
+            return Err(PostError::TooManySge(wr.sg_list.len()));
+        }
+        let sges = SgList::from_slice(wr.sg_list).ok_or(PostError::TooManySge(wr.sg_list.len()))?;
+        let len = match (wr.inline_data, wr.opcode.carries_payload()) {
+            (Some(d), true) => {
+                if d.len() > self.max_inline_data as usize {
+                    return Err(PostError::InlineTooLong(d.len()));
+                }
+                d.len() as u64
+            }
+            (Some(_), false) => {
+                return Err(PostError::InvalidArgument(
+                    "inline data on a non-payload WR",
+                ));
+            }
+            (None, _) => sges.total_len(),
+        };
+        if len > MAX_MSG_SIZE {
+            return Err(PostError::InvalidArgument("message longer than 2^31 bytes"));
+        }
+        if wr.opcode.is_atomic() && (sges.as_slice().len() != 1 || sges.as_slice()[0].length != 8) {
+            return Err(PostError::InvalidArgument("an atomic needs one 8-byte SGE"));
+        }
+        if wr.opcode.is_rd_atomic() && self.max_rd_atomic == 0 {
+            return Err(PostError::InvalidArgument("max_rd_atomic is 0"));
+        }
+        super::unreliable::check_post(self.qp_type, wr, len, self.port_mtu)?;
+        Ok((sges, len))
+    }
+}
+
 /// Run-time counters, like a NIC's hardware counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpCounters {
@@ -218,6 +284,10 @@ impl Qp {
     pub fn send_queue_len(&self) -> usize {
         self.send.sq.len()
     }
+    /// The send queue's depth: how many WRs may be posted and not yet completed.
+    pub fn send_queue_capacity(&self) -> usize {
+        self.send.sq.capacity()
+    }
     /// The PSN the responder expects next (its ePSN): a request below it is a duplicate, one
     /// above it out of sequence. Drivers that build requests against the responder's state
     /// (tests, fuzzers) read it here.
@@ -362,43 +432,27 @@ impl Qp {
         }
     }
 
+    /// What deciding whether a send work request may be posted takes from this QP.
+    pub fn post_rules(&self) -> PostRules {
+        PostRules {
+            state: self.state,
+            max_send_sge: self.cap.max_send_sge,
+            max_inline_data: self.cap.max_inline_data,
+            max_rd_atomic: self.attr.max_rd_atomic,
+            qp_type: self.qp_type,
+            port_mtu: self.port_mtu.bytes(),
+        }
+    }
+
     /// `ibv_post_send`. In the error state the WR is accepted and completes with
     /// `WR_FLUSH_ERR`.
     pub fn post_send(&mut self, wr: &SendWr<'_>) -> Result<(), PostError> {
-        if !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Err) {
-            return Err(PostError::InvalidState(self.state));
-        }
+        let rules = self.post_rules();
+        rules.check_state()?;
         if self.send.sq.is_full() {
             return Err(PostError::QueueFull);
         }
-        if wr.sg_list.len() > self.cap.max_send_sge as usize {
-            return Err(PostError::TooManySge(wr.sg_list.len()));
-        }
-        let sges = SgList::from_slice(wr.sg_list).ok_or(PostError::TooManySge(wr.sg_list.len()))?;
-        let len = match (wr.inline_data, wr.opcode.carries_payload()) {
-            (Some(d), true) => {
-                if d.len() > self.cap.max_inline_data as usize {
-                    return Err(PostError::InlineTooLong(d.len()));
-                }
-                d.len() as u64
-            }
-            (Some(_), false) => {
-                return Err(PostError::InvalidArgument(
-                    "inline data on a non-payload WR",
-                ));
-            }
-            (None, _) => sges.total_len(),
-        };
-        if len > MAX_MSG_SIZE {
-            return Err(PostError::InvalidArgument("message longer than 2^31 bytes"));
-        }
-        if wr.opcode.is_atomic() && (sges.as_slice().len() != 1 || sges.as_slice()[0].length != 8) {
-            return Err(PostError::InvalidArgument("an atomic needs one 8-byte SGE"));
-        }
-        if wr.opcode.is_rd_atomic() && self.attr.max_rd_atomic == 0 {
-            return Err(PostError::InvalidArgument("max_rd_atomic is 0"));
-        }
-        super::unreliable::check_post(self.qp_type, wr, len, self.port_mtu.bytes())?;
+        let (sges, len) = rules.check(wr)?;
         let err = self.state == QpState::Err;
         let w = self.send.sq.push();
         w.wr_id = wr.wr_id;

@@ -281,12 +281,15 @@ impl Qp {
     /// Post several send work requests under one lock of the QP, transmitted together when
     /// the batch is dropped (`ibv_post_send` with a list: one drive of the transport, and the
     /// packets of all of them in as few system calls as the send window allows). A request
-    /// refused by [`PostBatch::post`] leaves the earlier ones posted.
+    /// refused by [`PostBatch::post`] leaves the earlier ones posted. While another thread
+    /// holds the QP (the engine thread sending), requests are checked and queued in its
+    /// inbox instead of waiting for it (see `net::endpoint::inbox`).
     pub fn post_batch(&self) -> PostBatch<'_> {
         PostBatch {
             qp: self,
-            body: Some(self.cell.lock()),
+            body: self.cell.try_lock(),
             posted: false,
+            inboxed: 0,
             consumes_receive: false,
         }
     }
@@ -332,9 +335,12 @@ impl Drop for Qp {
 #[derive(Debug)]
 pub struct PostBatch<'a> {
     qp: &'a Qp,
-    /// The QP, locked (until the batch is dropped).
+    /// The QP, locked (until the batch is dropped); None while another thread held it when
+    /// the batch began, and the requests go through its inbox.
     body: Option<QpGuard<'a>>,
     posted: bool,
+    /// Requests posted through the QP's inbox.
+    inboxed: usize,
     /// A request posted consumes a receive at the peer (SEND kinds, WRITE with immediate).
     consumes_receive: bool,
 }
@@ -361,12 +367,22 @@ pub struct MwBind<'a> {
 impl PostBatch<'_> {
     /// Post one send work request (`ibv_post_send` for one element of the list).
     pub fn post(&mut self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
+        self.consumes_receive |= wr.opcode.consumes_receive();
+        if self.body.is_none() {
+            if self.qp.cell.inbox_post(wr) {
+                self.inboxed += 1;
+                return Ok(());
+            }
+            // The inbox cannot say (the queue may be full, the request may be refused): the
+            // lock gives the exact answer, after the requests the inbox took.
+            self.body = Some(self.qp.cell.lock());
+        }
         let Some(body) = self.body.as_mut() else {
             return Err(VerbsError::InvalidArgument("the batch is closed".into()));
         };
-        body.qp.post_send(wr)?;
+        let engine = self.qp.pd.device().engine();
+        engine.endpoint().post_locked(&self.qp.cell, body, wr)?;
         self.posted = true;
-        self.consumes_receive |= wr.opcode.consumes_receive();
         Ok(())
     }
 
@@ -400,13 +416,22 @@ impl PostBatch<'_> {
 
 impl Drop for PostBatch<'_> {
     fn drop(&mut self) {
+        let engine = self.qp.pd.device().engine();
         let Some(mut body) = self.body.take() else {
+            if self.inboxed > 0 {
+                engine.inbox_posted(&self.qp.cell, self.inboxed);
+            }
             return;
         };
-        if !self.posted {
+        if self.inboxed > 0 {
+            // Taken in by the locked post that followed them.
+            let c = &engine.endpoint().counters;
+            c.posts_inboxed
+                .fetch_add(self.inboxed as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        if !self.posted && self.inboxed == 0 {
             return;
         }
-        let engine = self.qp.pd.device().engine();
         let now = engine.now();
         // Transmitted now, or left for the poster's next poll (busy-poll mode): then the
         // engine thread is woken once the QP is unlocked, so that it can take the QP.

@@ -3,14 +3,15 @@
 //! and SRQ it reports to, and the deadline it publishes for the timer scan.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::ACK_DELAY;
+use super::inbox::Inbox;
 use crate::net::cq::CqCore;
 use crate::net::udp::{MAX_DATAGRAM, TxBatch};
 use crate::rc::emit::LEND_MAX_PIECES;
-use crate::rc::{Gather, Qp, QpType, Srq};
+use crate::rc::{Gather, PostRules, Qp, QpType, Srq};
 use crate::wire::IdDeltas;
 
 /// A QP's mutable half.
@@ -42,6 +43,10 @@ pub struct QpBody {
     pub(crate) deferred: u32,
     /// When the application last posted to the QP (engine clock).
     pub(crate) last_post: u64,
+    /// Requests in the send queue whose slots `QpCell::sq_used` counts (see `inbox.rs`).
+    pub(crate) sq_counted: u32,
+    /// The post rules last published to the inbox.
+    pub(crate) rules_published: Option<PostRules>,
 }
 
 /// When a QP's transport began holding back a positive acknowledgement (busy-poll mode). The
@@ -149,6 +154,17 @@ pub struct QpCell {
     pub(crate) violation_reported: AtomicBool,
     /// `AsyncEvent::QpFatal` was reported for it.
     pub(crate) fatal_reported: AtomicBool,
+    /// Send work requests posted while the QP was held (see `inbox.rs`).
+    pub(crate) inbox: Mutex<Inbox>,
+    /// Requests waiting in `inbox` (read without its lock).
+    pub(crate) inbox_len: AtomicUsize,
+    /// The QP is in the endpoint's pending-transmit queue for its inbox.
+    pub(crate) inbox_queued: AtomicBool,
+    /// Send-queue slots taken: requests in the send queue and in the inbox (never below the
+    /// true count; slots of completed requests are given back under the lock).
+    pub(crate) sq_used: AtomicU32,
+    /// The send queue's depth (`max_send_wr`).
+    pub(crate) sq_depth: u32,
 }
 
 /// A locked QP ([`QpCell::lock`]): its body; unlocking publishes the transport's next
@@ -156,7 +172,7 @@ pub struct QpCell {
 #[derive(Debug)]
 pub struct QpGuard<'a> {
     body: MutexGuard<'a, QpBody>,
-    deadline: &'a AtomicU64,
+    cell: &'a QpCell,
 }
 
 impl std::ops::Deref for QpGuard<'_> {
@@ -177,9 +193,12 @@ impl Drop for QpGuard<'_> {
         // Usually published already by the drive that ended the work (which also lowers the
         // device's deadline): then this is one load, and the line stays clean.
         let t = self.body.qp.poll_timeout().unwrap_or(u64::MAX);
-        if self.deadline.load(Ordering::Relaxed) != t {
-            self.deadline.store(t, Ordering::SeqCst);
+        if self.cell.deadline.load(Ordering::Relaxed) != t {
+            self.cell.deadline.store(t, Ordering::SeqCst);
         }
+        // What a poster checks its requests against while another thread holds the QP.
+        self.cell.publish_rules(&mut self.body);
+        self.cell.sync_sq_slots(&mut self.body);
     }
 }
 
@@ -193,6 +212,7 @@ impl QpCell {
         srq: Option<Arc<SrqCore>>,
     ) -> QpCell {
         let max = qp.max_packet_len();
+        let sq_depth = u32::try_from(qp.send_queue_capacity()).unwrap_or(u32::MAX);
         QpCell {
             qpn: qp.qp_num(),
             qp_type: qp.qp_type(),
@@ -208,6 +228,8 @@ impl QpCell {
                 tx_queued: false,
                 deferred: 0,
                 last_post: 0,
+                sq_counted: 0,
+                rules_published: None,
             }),
             send_cq,
             recv_cq,
@@ -215,6 +237,11 @@ impl QpCell {
             deadline: AtomicU64::new(u64::MAX),
             violation_reported: AtomicBool::new(false),
             fatal_reported: AtomicBool::new(false),
+            inbox: Mutex::new(Inbox::default()),
+            inbox_len: AtomicUsize::new(0),
+            inbox_queued: AtomicBool::new(false),
+            sq_used: AtomicU32::new(0),
+            sq_depth,
         }
     }
 
@@ -223,7 +250,7 @@ impl QpCell {
     pub fn lock(&self) -> QpGuard<'_> {
         QpGuard {
             body: self.body.lock().unwrap_or_else(|e| e.into_inner()),
-            deadline: &self.deadline,
+            cell: self,
         }
     }
 
@@ -234,10 +261,7 @@ impl QpCell {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        Some(QpGuard {
-            body,
-            deadline: &self.deadline,
-        })
+        Some(QpGuard { body, cell: self })
     }
 
     /// The transport's next deadline as last published (`u64::MAX`: none).

@@ -130,13 +130,31 @@ impl Host {
     /// Post a signaled WRITE of `len` bytes of this host's region (from offset 0) to `to`'s
     /// region at `at`, and drive the QP as a post does.
     fn write_to(&self, to: &Host, at: u64, len: u32) {
+        let mut body = self.cell.lock();
+        self.post_write(to, 7, at, len, |wr| {
+            self.ep.post_locked(&self.cell, &mut body, wr).unwrap()
+        });
+        self.ep
+            .drive(&self.cell, &mut body, self.io.now(), &self.io);
+    }
+
+    /// Make the signaled WRITE `id` of `len` bytes of this host's region (from offset 0) to
+    /// `to`'s region at `at`, and hand it to `post`.
+    fn post_write<R>(
+        &self,
+        to: &Host,
+        id: u64,
+        at: u64,
+        len: u32,
+        post: impl FnOnce(&SendWr<'_>) -> R,
+    ) -> R {
         let sge = [Sge {
             addr: self.mr.iova,
             length: len,
             lkey: self.mr.lkey,
         }];
         let wr = SendWr::new(
-            7,
+            id,
             WrOpcode::RdmaWrite {
                 remote_addr: to.mr.iova + at,
                 rkey: to.mr.rkey,
@@ -144,10 +162,7 @@ impl Host {
         )
         .sg(&sge)
         .flags(SendFlags::SIGNALED);
-        let mut body = self.cell.lock();
-        body.qp.post_send(&wr).unwrap();
-        self.ep
-            .drive(&self.cell, &mut body, self.io.now(), &self.io);
+        post(&wr)
     }
 
     /// `len` bytes of this host's region from `at`.
@@ -342,4 +357,138 @@ fn gso_segments_verify_whole_and_split_apart() {
     assert_eq!(b.bytes(0, 4000), a.bytes(0, 4000));
     assert_eq!(b.ep.counters.rx_icrc_solved.load(Relaxed), 2);
     assert_eq!(b.ep.counters.rx_bad.load(Relaxed), 0);
+}
+
+#[test]
+fn a_post_while_the_qp_is_held_waits_in_its_inbox_and_leaves_with_the_holders_drive() {
+    let (mut a, mut b) = pair(false);
+    // Another thread (the engine, sending) holds A's QP.
+    let mut held = a.cell.lock();
+    assert!(a.post_write(&b, 1, 0, 1000, |wr| a.cell.inbox_post(wr)));
+    assert!(a.post_write(&b, 2, 1000, 1000, |wr| a.cell.inbox_post(wr)));
+    assert_eq!(a.cell.inbox_len(), 2);
+    assert!(a.take_sent().is_empty(), "sent without the QP");
+    // The holder posts too: after the inbox's requests, in order.
+    a.post_write(&b, 3, 2000, 1000, |wr| {
+        a.ep.post_locked(&a.cell, &mut held, wr).unwrap()
+    });
+    assert_eq!(a.cell.inbox_len(), 0);
+    a.ep.drive(&a.cell, &mut held, a.io.now(), &a.io);
+    drop(held);
+    assert_eq!(deliver(&a, &mut b), 3);
+    assert_eq!(b.bytes(0, 3000), [a.bytes(0, 1000).repeat(3)].concat());
+    deliver(&b, &mut a);
+    let ids: Vec<u64> = a.completions().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+}
+
+#[test]
+fn the_inbox_takes_no_more_than_the_send_queue_holds() {
+    let (mut a, mut b) = pair(false);
+    let held = a.cell.lock();
+    // Depth 16: 16 requests fit, the 17th is left to the lock, where a full queue answers.
+    for id in 0..16 {
+        assert!(
+            a.post_write(&b, id, 0, 8, |wr| a.cell.inbox_post(wr)),
+            "{id}"
+        );
+    }
+    assert!(!a.post_write(&b, 16, 0, 8, |wr| a.cell.inbox_post(wr)));
+    drop(held);
+    let mut body = a.cell.lock();
+    let full = a.post_write(&b, 16, 0, 8, |wr| a.ep.post_locked(&a.cell, &mut body, wr));
+    assert_eq!(full, Err(crate::rc::PostError::QueueFull));
+    a.ep.drive(&a.cell, &mut body, a.io.now(), &a.io);
+    drop(body);
+    deliver(&a, &mut b);
+    deliver(&b, &mut a);
+    assert_eq!(a.completions().len(), 16);
+    // Their slots came back before their completions reached the CQ.
+    let held = a.cell.lock();
+    for id in 0..16 {
+        assert!(
+            a.post_write(&b, id, 0, 8, |wr| a.cell.inbox_post(wr)),
+            "{id}"
+        );
+    }
+    drop(held);
+}
+
+#[test]
+fn the_inbox_leaves_what_it_cannot_check_to_the_lock() {
+    let (a, b) = pair(false);
+    // Two SGEs where the QP takes one: the lock's answer is the exact error.
+    let sge = [Sge {
+        addr: a.mr.iova,
+        length: 8,
+        lkey: a.mr.lkey,
+    }; 2];
+    let wr = SendWr::new(
+        9,
+        WrOpcode::RdmaWrite {
+            remote_addr: b.mr.iova,
+            rkey: b.mr.rkey,
+        },
+    )
+    .sg(&sge);
+    let held = a.cell.lock();
+    assert!(!a.cell.inbox_post(&wr));
+    drop(held);
+    // A QP not yet connected: its rules (RESET) refuse any post.
+    let c = Host::new(Ipv4Addr::new(10, 0, 0, 3), 0x33, false, 7);
+    let held = c.cell.lock();
+    assert!(!c.post_write(&b, 1, 0, 8, |wr| c.cell.inbox_post(wr)));
+    drop(held);
+    // A QP never unlocked since it was made has published no rules at all.
+    let qp = Qp::new(QpInit {
+        qp_num: 0x44,
+        pd: a.mr.pd,
+        cap: QpCap::default(),
+        srq: None,
+        sq_sig_all: false,
+        qp_type: Default::default(),
+    })
+    .unwrap();
+    let fresh = QpCell::new(qp, a.mr.pd, Arc::clone(&a.cq), Arc::clone(&a.cq), None);
+    assert!(!a.post_write(&b, 1, 0, 8, |wr| fresh.inbox_post(wr)));
+}
+
+#[test]
+fn an_inbox_the_holder_did_not_see_is_sent_from_the_pending_transmit_queue() {
+    let (mut a, mut b) = pair(false);
+    let held = a.cell.lock();
+    assert!(a.post_write(&b, 4, 0, 2000, |wr| a.cell.inbox_post(wr)));
+    // The poster could not take the QP: it queues it and wakes the driver (once).
+    a.ep.queue_inbox(&a.cell, &a.io);
+    a.ep.queue_inbox(&a.cell, &a.io);
+    assert_eq!((a.io.wakes.get(), a.ep.pending_transmit_len()), (1, 1));
+    // The holder was only reading the QP's counters: it unlocks without driving.
+    drop(held);
+    assert!(a.take_sent().is_empty());
+    assert_eq!(a.ep.serve_pending_transmit(&a.io), 1);
+    assert_eq!(deliver(&a, &mut b), 2);
+    assert_eq!(b.bytes(0, 2000), a.bytes(0, 2000));
+    deliver(&b, &mut a);
+    assert_eq!(a.completions()[0].wr_id, 4);
+}
+
+#[test]
+fn a_request_the_qp_no_longer_takes_is_dropped_counted_and_gives_its_slot_back() {
+    let (a, b) = pair(false);
+    let mut held = a.cell.lock();
+    assert!(a.post_write(&b, 5, 0, 8, |wr| a.cell.inbox_post(wr)));
+    // The holder resets the QP before it takes the inbox in (the application raced a post
+    // with a reset).
+    let reset = QpAttr {
+        qp_state: crate::rc::QpState::Reset,
+        ..*held.qp.attr()
+    };
+    held.qp
+        .modify(&reset, crate::rc::QpAttrMask::STATE)
+        .unwrap();
+    assert_eq!(a.ep.absorb_inbox(&a.cell, &mut held), 1);
+    assert_eq!(a.ep.counters.posts_dropped.load(Relaxed), 1);
+    assert_eq!(held.qp.send_queue_len(), 0);
+    drop(held);
+    assert_eq!(a.cell.sq_used.load(Relaxed), 0);
 }

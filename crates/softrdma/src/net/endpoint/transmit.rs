@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use super::{ACK_DELAY, Endpoint, EndpointIo, QpBody, QpCell, RESPONSE_BUDGET, RxWork};
 use crate::mem::MemoryTable;
 use crate::net::udp::TxBatch;
+use crate::params::INBOX_ROUNDS;
 use crate::rc::QpType;
 use crate::wire::{ICRC_LEN, IdDeltas};
 
@@ -35,7 +36,14 @@ impl Endpoint {
         body.deferred = 0;
         // A UD QP has no peer: each datagram goes where its work request says.
         let dst = body.peer;
-        if dst.is_some() || cell.qp_type == QpType::Ud {
+        // Requests posted through the inbox while this drive sent go out with it, not at the
+        // QP's next event (a few rounds at most; later ones wait for the poster's hand-over,
+        // `Engine::inbox_posted`).
+        for _ in 0..INBOX_ROUNDS {
+            self.absorb_inbox(cell, body);
+            if dst.is_none() && cell.qp_type != QpType::Ud {
+                break;
+            }
             // A held acknowledgement stays held through this drive's requests, and so does a
             // new one in busy-poll mode.
             let hold = defer_acks || body.held_ack.since.is_some();
@@ -55,6 +63,9 @@ impl Endpoint {
             self.flush(&mut body.tx, io);
             body.held_ack.note(body.qp.holds_ack(), now);
             self.queue_if_left(cell, body, io);
+            if cell.inbox_len() == 0 {
+                break;
+            }
         }
         self.drain_completions(cell, body);
         self.publish_deadline(cell, body, io);
@@ -177,6 +188,15 @@ impl Endpoint {
         }
     }
 
+    /// Put a QP whose inbox holds requests that nobody drove into the pending-transmit queue
+    /// (once), and wake the driver if it may be asleep: the poster could not take the QP, and
+    /// its holder may have unlocked it without seeing them.
+    pub fn queue_inbox(&self, cell: &Arc<QpCell>, io: &impl EndpointIo) {
+        if !cell.inbox_queued.swap(true, Ordering::SeqCst) {
+            self.queue_transmit(cell, io);
+        }
+    }
+
     /// QPs waiting in the pending-transmit queue.
     pub fn pending_transmit_len(&self) -> usize {
         self.tx_pending_len.load(Ordering::SeqCst)
@@ -211,6 +231,7 @@ impl Endpoint {
                 }
             };
             body.tx_queued = false;
+            cell.inbox_queued.store(false, Ordering::SeqCst);
             self.drive(&cell, &mut body, io.now(), io);
             served += 1;
         }
@@ -239,6 +260,9 @@ impl Endpoint {
         while let Some(key) = body.qp.pop_invalidated() {
             self.mem.wait_unlent(key);
         }
+        // The slots of completed requests are free before the application sees them complete
+        // (its next post may go through the inbox).
+        cell.sync_sq_slots(body);
         while let Some(wc) = body.qp.poll_send_completion() {
             cell.send_cq.push(wc);
         }

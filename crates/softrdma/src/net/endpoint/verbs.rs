@@ -23,6 +23,8 @@ impl Endpoint {
         io: &impl EndpointIo,
     ) -> Result<(), ModifyError> {
         let mut body = cell.lock();
+        // Requests posted before the modify meet the QP as it was.
+        self.absorb_inbox(cell, &mut body);
         let state = mask.contains(QpAttrMask::STATE).then_some(attr.qp_state);
         if matches!(state, Some(QpState::Err | QpState::Reset)) && body.qp.state() != attr.qp_state
         {
@@ -52,9 +54,9 @@ impl Endpoint {
         io: &impl EndpointIo,
     ) -> Result<(), PostError> {
         let mut body = cell.lock();
-        body.qp.post_send(wr)?;
+        let res = self.post_locked(cell, &mut body, wr);
         self.drive(cell, &mut body, io.now(), io);
-        Ok(())
+        res
     }
 
     /// Post send work requests in order under one lock of the QP and drive it once; stops at
@@ -70,7 +72,7 @@ impl Endpoint {
         let res = wrs
             .iter()
             .enumerate()
-            .try_for_each(|(i, wr)| body.qp.post_send(wr).map_err(|e| (i, e)));
+            .try_for_each(|(i, wr)| self.post_locked(cell, &mut body, wr).map_err(|e| (i, e)));
         self.drive(cell, &mut body, io.now(), io);
         res
     }
@@ -90,6 +92,7 @@ impl Endpoint {
     pub fn destroy_qp(&self, cell: &Arc<QpCell>, io: &impl EndpointIo) {
         self.remove_qp(cell.qpn);
         let mut body = cell.lock();
+        self.absorb_inbox(cell, &mut body);
         self.flush_held(&mut body, io);
         let attr = QpAttr {
             qp_state: QpState::Err,

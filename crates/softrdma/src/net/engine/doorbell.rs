@@ -57,6 +57,23 @@ impl Engine {
         false
     }
 
+    /// `n` send work requests were posted through `cell`'s inbox (another thread held the QP;
+    /// see `net::endpoint::inbox`): drive the QP now if it is free; else its holder sends them
+    /// before it lets go (every drive takes the inbox in), and the pending-transmit queue gets
+    /// the QP in case the holder had looked already.
+    pub fn inbox_posted(&self, cell: &Arc<QpCell>, n: usize) {
+        self.ep
+            .counters
+            .posts_inboxed
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.note_post();
+        if let Some(mut body) = cell.try_lock() {
+            self.drive(cell, &mut body, self.now());
+            return;
+        }
+        self.ep.queue_inbox(cell, self);
+    }
+
     /// Wake the engine thread for posts left for a poll ([`Engine::post_done`] said so).
     pub fn kick_for_doorbell(&self) {
         self.kick_thread();
