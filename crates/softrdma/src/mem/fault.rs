@@ -651,6 +651,61 @@ mod tests {
         assert_eq!(out.status.code(), Some(43), "{out:?}");
     }
 
+    /// A one-shot (`SA_RESETHAND`) handler behind ours runs once, as the kernel would run it:
+    /// the disposition is the default again when it returns, and the fault, met again, ends
+    /// the process.
+    #[test]
+    fn a_one_shot_handler_behind_ours_runs_once() {
+        const CHILD: &str = "SOFTRDMA_FAULT_ONESHOT_CHILD";
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if std::env::var_os(CHILD).is_some() {
+            extern "C" fn once(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+                if CALLS.fetch_add(1, Ordering::Relaxed) > 0 {
+                    // SAFETY: ends the process at once (async-signal-safe): called twice.
+                    unsafe { libc::_exit(9) };
+                }
+                let msg = b"once\n";
+                // SAFETY: writes a live buffer to standard error (async-signal-safe).
+                unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+            }
+            assert!(arm() && still_armed());
+            // SAFETY: installs a one-shot SA_SIGINFO handler for SIGSEGV, replacing ours.
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction =
+                    once as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                        as libc::sighandler_t;
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+                libc::sigemptyset(&mut act.sa_mask);
+                assert_eq!(
+                    libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()),
+                    0
+                );
+            }
+            assert!(still_armed(), "the handler was not put back");
+            // SAFETY: the null page faults and is caught: the one-shot handler is not used up.
+            assert!(unsafe { copy(std::ptr::null_mut(), [1u8].as_ptr(), 1) }.is_err());
+            // SAFETY: deliberately faults outside the caught routines, twice over: `once`
+            // returns and the store runs again.
+            unsafe { std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1) };
+            std::process::exit(1);
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "mem::fault::tests::a_one_shot_handler_behind_ours_runs_once",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.matches("once").count(), 1, "{out:?}");
+    }
+
     /// A program that keeps replacing the handler wins: after REINSTALLS times, caught copies
     /// stop for good.
     #[test]
