@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -151,10 +151,12 @@ impl ChannelCore {
     /// `drive.1` (which receives and handles what arrived, returning how many packets it
     /// handled) when it is readable: the waiting thread handles the packet that completes its
     /// CQ itself, one wake-up instead of two (the engine thread's, then this thread's).
+    /// `drive.2` counts the threads watching the socket so (the engine thread leaves it to
+    /// them: [`Engine::socket_waiters`](crate::net::Engine::socket_waiters)).
     pub fn get_event_driving(
         &self,
         timeout: Option<Duration>,
-        drive: Option<(RawFd, &dyn Fn() -> usize)>,
+        drive: Option<(RawFd, &dyn Fn() -> usize, &AtomicU32)>,
     ) -> io::Result<Option<u64>> {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         // After a drive that handled nothing (another thread holds the receive path), the
@@ -171,7 +173,7 @@ impl ChannelCore {
             }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             if left == Some(Duration::ZERO) {
-                if let Some((_, f)) = drive
+                if let Some((_, f, _)) = drive
                     && !drove
                 {
                     drove = true;
@@ -191,9 +193,17 @@ impl ChannelCore {
             if drive.is_some() && !watch {
                 ms = if ms < 0 { 1 } else { ms.min(1) };
             }
-            let ready = self.wait_event_or_socket(ms, socket)?;
+            let ready = match (socket, drive) {
+                (Some(fd), Some((_, _, waiters))) => {
+                    waiters.fetch_add(1, Ordering::SeqCst);
+                    let r = self.wait_event_or_socket(ms, Some(fd));
+                    waiters.fetch_sub(1, Ordering::SeqCst);
+                    r?
+                }
+                _ => self.wait_event_or_socket(ms, None)?,
+            };
             watch = true;
-            if let Some((_, f)) = drive
+            if let Some((_, f, _)) = drive
                 && ready
                 && f() == 0
             {

@@ -94,6 +94,10 @@ pub struct Engine {
     /// Posts were left for a poll ([`Engine::post_done`]) and the engine thread looks at them
     /// from time to time until the queue is empty: posters leaving more do not wake it.
     doorbell_watch: AtomicBool,
+    /// Busy-poll mode: application threads waiting for a CQ event that watch the socket
+    /// themselves ([`Engine::waiting_on_socket`]); meanwhile the engine thread leaves the
+    /// socket to them.
+    socket_waiters: AtomicU32,
     /// Busy-poll mode: active polls in a row that found datagrams more than SPINNER_GRACE
     /// after the application's previous poll, with no post in between (an application that
     /// polls only now and then, `Engine::note_find`); at RARE_POLLER_FINDS the engine thread is
@@ -178,6 +182,7 @@ impl Engine {
             kick,
             timer_watch: AtomicU64::new(0),
             doorbell_watch: AtomicBool::new(false),
+            socket_waiters: AtomicU32::new(0),
             late_finds: AtomicU32::new(0),
             empty_polls: AtomicU32::new(0),
             spinner_wanted: AtomicBool::new(false),

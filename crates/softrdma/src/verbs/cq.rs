@@ -33,9 +33,10 @@ impl CompChannel {
             return Ok(self.core.get_event(timeout)?);
         }
         let drive = || engine.progress_as(false, false);
-        Ok(self
-            .core
-            .get_event_driving(timeout, Some((engine.socket_fd(), &drive)))?)
+        Ok(self.core.get_event_driving(
+            timeout,
+            Some((engine.socket_fd(), &drive, engine.socket_waiters())),
+        )?)
     }
 }
 

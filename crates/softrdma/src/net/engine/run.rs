@@ -126,8 +126,9 @@ impl Engine {
         let watch_socket = match self.mode {
             PollMode::Blocking => true,
             PollMode::BusyPoll => {
-                (st.spinner && !st.nap)
-                    || (!st.woken_for_nothing && self.quiet_for(now, POLLER_ACTIVE))
+                !self.socket_waited_on()
+                    && ((st.spinner && !st.nap)
+                        || (!st.woken_for_nothing && self.quiet_for(now, POLLER_ACTIVE)))
             }
         };
         // While pollers are active they fire timers themselves, and keep pushing the
@@ -242,7 +243,8 @@ impl Engine {
         // holding it can never stall them.
         st.woken_for_nothing = false;
         st.retry = false;
-        match self.thread_rx(pollers_quiet || spinner_turn) {
+        let turn = (pollers_quiet || spinner_turn) && !self.socket_waited_on();
+        match self.thread_rx(turn) {
             Some(rx) => self.take_over(st, rx, pollers_quiet),
             None => self.leave_to_pollers(st, ready, pollers_quiet, spinner_turn),
         }

@@ -66,6 +66,21 @@ impl Engine {
         self.kick_thread();
     }
 
+    /// Busy-poll mode: the count of application threads waiting for a CQ event that watch
+    /// the socket themselves meanwhile (`ChannelCore::get_event_driving` holds it). While one
+    /// does, the engine thread does not watch the socket or take the receive path for
+    /// datagrams (timers apart): two threads woken for each datagram, one of them for
+    /// nothing, and an event signalled to a thread that was awake for the datagram anyway
+    /// cost a wake-up each.
+    pub fn socket_waiters(&self) -> &AtomicU32 {
+        &self.socket_waiters
+    }
+
+    /// An application thread waits for a CQ event watching the socket itself.
+    pub(super) fn socket_waited_on(&self) -> bool {
+        self.socket_waiters.load(Ordering::SeqCst) > 0
+    }
+
     /// (Re)arm the engine thread's wake-up to fire `ns` from now.
     pub(super) fn wake_in(&self, ns: u64) {
         let spec = libc::itimerspec {
