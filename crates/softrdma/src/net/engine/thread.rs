@@ -33,6 +33,12 @@ impl Engine {
         v.push(Arc::downgrade(ch));
     }
 
+    /// The device has a completion channel (each watches the socket in busy-poll mode).
+    fn has_channel(&self) -> bool {
+        let v = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        v.iter().any(|w| w.strong_count() > 0)
+    }
+
     /// Switch the socket interest of every watching completion channel (only on a change).
     fn set_channels_watch(&self, on: bool) {
         if self.channels_watch.load(Ordering::Relaxed) == on {
@@ -50,9 +56,12 @@ impl Engine {
 
     /// An application thread is about to sleep until a completion event (it armed a CQ):
     /// in busy-poll mode nobody would receive meanwhile until the engine thread's wake-up
-    /// fires (milliseconds), so pollers count as quiet from now and the thread is woken to
-    /// take the receive path at once. A poll after this (of a CQ that is not armed) makes the
-    /// poller active again.
+    /// fires (milliseconds), so pollers count as quiet from now. A thread that sleeps on a
+    /// completion channel watches the socket itself (`ibv_get_cq_event`, and the channel's
+    /// descriptor, which then includes the socket), and handles the datagram that fires its
+    /// event: the engine thread is woken to take the receive path at once only on a device
+    /// without channels. A poll after this (of a CQ that is not armed) makes the poller
+    /// active again.
     pub fn poller_sleeping(&self) {
         if self.mode != PollMode::BusyPoll {
             return;
@@ -63,7 +72,9 @@ impl Engine {
         // The sleeper may wait on a completion channel's descriptor: it wakes for a datagram
         // itself until a poller is active again.
         self.set_channels_watch(true);
-        self.kick_thread();
+        if !self.has_channel() {
+            self.kick_thread();
+        }
     }
 
     /// Busy-poll mode: the count of application threads waiting for a CQ event that watch
