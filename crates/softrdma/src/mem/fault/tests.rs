@@ -49,6 +49,38 @@ impl Drop for Map {
     }
 }
 
+/// Run the test `name` of this binary in a child process with `var` set (the child runs the
+/// test's body that faults or installs handlers, which this process must not do).
+fn in_child(name: &str, var: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            &format!("mem::fault::tests::{name}"),
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(var, "1")
+        .output()
+        .unwrap()
+}
+
+/// A signal handler that takes the fault's details.
+type SigInfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Install `handler` for `sig` with `flags` (SA_SIGINFO among them), replacing whatever is
+/// installed.
+fn install_siginfo(sig: libc::c_int, handler: SigInfoHandler, flags: libc::c_int) {
+    // SAFETY: a zeroed sigaction is valid; it is filled with a live handler and an empty mask
+    // before the kernel reads it.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = handler as libc::sighandler_t;
+        act.sa_flags = flags;
+        libc::sigemptyset(&mut act.sa_mask);
+        assert_eq!(libc::sigaction(sig, &act, std::ptr::null_mut()), 0);
+    }
+}
+
 #[test]
 fn caught_copies_move_bytes_and_fail_on_vanished_pages() {
     assert!(arm(), "caught copies are not available");
@@ -120,16 +152,7 @@ fn a_foreign_fault_reaches_the_previous_handler() {
         unsafe { std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1) };
         std::process::exit(1);
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "mem::fault::tests::a_foreign_fault_reaches_the_previous_handler",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = in_child("a_foreign_fault_reaches_the_previous_handler", CHILD);
     assert_eq!(out.status.code(), Some(42), "{out:?}");
 }
 
@@ -144,19 +167,8 @@ fn a_handler_installed_later_runs_behind_ours() {
             unsafe { libc::_exit(43) };
         }
         assert!(arm() && still_armed());
-        // SAFETY: installs an SA_SIGINFO handler for SIGSEGV, replacing softrdma's.
-        unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = later
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as libc::sighandler_t;
-            act.sa_flags = libc::SA_SIGINFO;
-            libc::sigemptyset(&mut act.sa_mask);
-            assert_eq!(
-                libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()),
-                0
-            );
-        }
+        // An SA_SIGINFO handler for SIGSEGV, replacing softrdma's.
+        install_siginfo(libc::SIGSEGV, later, libc::SA_SIGINFO);
         assert!(still_armed(), "the handler was not put back");
         assert!(armed());
         // A caught fault still comes back as an error, not to `later`...
@@ -169,16 +181,7 @@ fn a_handler_installed_later_runs_behind_ours() {
         unsafe { std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1) };
         std::process::exit(1);
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "mem::fault::tests::a_handler_installed_later_runs_behind_ours",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = in_child("a_handler_installed_later_runs_behind_ours", CHILD);
     assert_eq!(out.status.code(), Some(43), "{out:?}");
 }
 
@@ -200,19 +203,8 @@ fn a_one_shot_handler_behind_ours_runs_once() {
             unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
         }
         assert!(arm() && still_armed());
-        // SAFETY: installs a one-shot SA_SIGINFO handler for SIGSEGV, replacing ours.
-        unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction =
-                once as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                    as libc::sighandler_t;
-            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
-            libc::sigemptyset(&mut act.sa_mask);
-            assert_eq!(
-                libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()),
-                0
-            );
-        }
+        // A one-shot SA_SIGINFO handler for SIGSEGV, replacing ours.
+        install_siginfo(libc::SIGSEGV, once, libc::SA_SIGINFO | libc::SA_RESETHAND);
         assert!(still_armed(), "the handler was not put back");
         // SAFETY: the null page faults and is caught: the one-shot handler is not used up.
         assert!(unsafe { copy(std::ptr::null_mut(), [1u8].as_ptr(), 1) }.is_err());
@@ -221,16 +213,7 @@ fn a_one_shot_handler_behind_ours_runs_once() {
         unsafe { std::ptr::write_volatile(std::ptr::null_mut::<u8>(), 1) };
         std::process::exit(1);
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "mem::fault::tests::a_one_shot_handler_behind_ours_runs_once",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = in_child("a_one_shot_handler_behind_ours_runs_once", CHILD);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -259,15 +242,6 @@ fn a_handler_replaced_too_often_disarms_caught_copies() {
         assert!(!still_armed());
         std::process::exit(7);
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "mem::fault::tests::a_handler_replaced_too_often_disarms_caught_copies",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
+    let out = in_child("a_handler_replaced_too_often_disarms_caught_copies", CHILD);
     assert_eq!(out.status.code(), Some(7), "{out:?}");
 }
