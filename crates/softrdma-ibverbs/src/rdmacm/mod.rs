@@ -76,17 +76,30 @@ impl Channel {
     }
 
     /// Take the next event, waiting for one unless the fd is non-blocking (then EAGAIN).
+    ///
+    /// A count read may belong to an event taken back since it was queued (`rdma_destroy_id`
+    /// drops the queued events of the id it destroys, as the kernel's ucma does, and cannot
+    /// take their counts back without racing a reader): with nothing queued, a blocking fd is
+    /// read again, which waits for the next event, and a non-blocking one answers EAGAIN.
     fn pop(&self) -> Result<Box<Event>, c_int> {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a u64 from our eventfd.
-        let n = unsafe { libc::read(self.ch.fd, (&mut v as *mut u64).cast(), 8) };
-        if n != 8 {
-            // EINTR too (librdmacm's read gives it to a signal handler's caller).
-            return Err(crate::errno::errno());
+        loop {
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes into a u64 from our eventfd.
+            let n = unsafe { libc::read(self.ch.fd, (&mut v as *mut u64).cast(), 8) };
+            if n != 8 {
+                // EINTR too (librdmacm's read gives it to a signal handler's caller).
+                return Err(crate::errno::errno());
+            }
+            if let Some(p) = self.lock().pop_front() {
+                // SAFETY: queued by `push` from Box::into_raw, taken once.
+                return Ok(unsafe { Box::from_raw(p as *mut Event) });
+            }
+            // SAFETY: F_GETFL on our own eventfd.
+            let flags = unsafe { libc::fcntl(self.ch.fd, libc::F_GETFL) };
+            if flags < 0 || flags & libc::O_NONBLOCK != 0 {
+                return Err(libc::EAGAIN);
+            }
         }
-        let p = self.lock().pop_front().ok_or(libc::EAGAIN)?;
-        // SAFETY: queued by `push` from Box::into_raw, taken once.
-        Ok(unsafe { Box::from_raw(p as *mut Event) })
     }
 }
 
@@ -357,3 +370,59 @@ pub const EVENT_NAMES: [&str; 16] = [
     "RDMA_CM_EVENT_ADDR_CHANGE",
     "RDMA_CM_EVENT_TIMEWAIT_EXIT",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drop the channel's queued events for `id`, as `rdma_destroy_id` does (their counts
+    /// stay on the eventfd).
+    fn purge(c: &Channel, id: *mut rdma_cm_id) {
+        c.lock().retain(|&e| {
+            // SAFETY: queued events are Boxes of ours.
+            let keep = unsafe { (*(e as *const Event)).ev.id } != id;
+            if !keep {
+                // SAFETY: taken out of the queue here, once.
+                drop(unsafe { Box::from_raw(e as *mut Event) });
+            }
+            keep
+        });
+    }
+
+    /// An event taken back leaves a count behind: a blocking reader waits on for the next
+    /// event instead of answering EAGAIN (rping's client failed so at a disconnect under MAD
+    /// loss), a non-blocking one answers EAGAIN.
+    #[test]
+    fn a_count_left_by_a_destroyed_ids_event_is_not_an_event() {
+        let c = Channel::new().unwrap();
+        // SAFETY: a live channel made just above, freed at the end of the test.
+        let ch = unsafe { &*c };
+        let gone = 0x10 as *mut rdma_cm_id;
+        let kept = 0x20 as *mut rdma_cm_id;
+        ch.push(Event::new(gone, event::DISCONNECTED, 0));
+        purge(ch, gone);
+        let late = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                ch.push(Event::new(0x20 as *mut rdma_cm_id, event::ESTABLISHED, 0));
+            });
+            ch.pop()
+        });
+        let ev = late.expect("the reader answered instead of waiting for the next event");
+        assert_eq!(ev.ev.id, kept);
+        // Non-blocking: a left count answers EAGAIN, and so does an empty channel.
+        ch.push(Event::new(gone, event::DISCONNECTED, 0));
+        purge(ch, gone);
+        // SAFETY: F_SETFL on the channel's own eventfd.
+        unsafe { libc::fcntl(ch.ch.fd, libc::F_SETFL, libc::O_NONBLOCK) };
+        assert_eq!(ch.pop().err(), Some(libc::EAGAIN));
+        assert_eq!(ch.pop().err(), Some(libc::EAGAIN));
+        ch.push(Event::new(kept, event::ESTABLISHED, 0));
+        assert_eq!(ch.pop().unwrap().ev.id, kept);
+        crate::registry::remove(c.cast_const(), crate::registry::Kind::CmChannel);
+        // SAFETY: made by Channel::new, no longer registered or used; its eventfd is closed.
+        let c = unsafe { Box::from_raw(c) };
+        // SAFETY: the channel's own eventfd.
+        unsafe { libc::close(c.ch.fd) };
+    }
+}
