@@ -367,22 +367,22 @@ pub struct MwBind<'a> {
 impl PostBatch<'_> {
     /// Post one send work request (`ibv_post_send` for one element of the list).
     pub fn post(&mut self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
-        self.consumes_receive |= wr.opcode.consumes_receive();
-        if self.body.is_none() {
-            if self.qp.cell.inbox_post(wr) {
-                self.inboxed += 1;
-                return Ok(());
-            }
-            // The inbox cannot say (the queue may be full, the request may be refused): the
-            // lock gives the exact answer, after the requests the inbox took.
-            self.body = Some(self.qp.cell.lock());
+        let qp = self.qp;
+        if self.body.is_none() && qp.cell.inbox_post(wr) {
+            self.inboxed += 1;
+        } else {
+            // The QP was free when the batch began, or the inbox cannot say (the queue may be
+            // full, the request may be refused): the lock gives the exact answer, after the
+            // requests the inbox took.
+            let body = self.body.get_or_insert_with(|| qp.cell.lock());
+            qp.pd
+                .device()
+                .engine()
+                .endpoint()
+                .post_locked(&qp.cell, body, wr)?;
+            self.posted = true;
         }
-        let Some(body) = self.body.as_mut() else {
-            return Err(VerbsError::InvalidArgument("the batch is closed".into()));
-        };
-        let engine = self.qp.pd.device().engine();
-        engine.endpoint().post_locked(&self.qp.cell, body, wr)?;
-        self.posted = true;
+        self.consumes_receive |= wr.opcode.consumes_receive();
         Ok(())
     }
 
