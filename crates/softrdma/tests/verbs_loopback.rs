@@ -31,11 +31,15 @@ fn side_cap(ip: [u8; 4], port: u16, mode: PollMode, cap: QpCap) -> Side {
 }
 
 fn connect(a: &Side, b: &Side) {
+    connect_mtu(a, b, Mtu::Mtu1024);
+}
+
+fn connect_mtu(a: &Side, b: &Side, path_mtu: Mtu) {
     let (pa, pb) = (random_psn(), random_psn());
     let all =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mut attr = QpAttr {
-        path_mtu: Mtu::Mtu1024,
+        path_mtu,
         qp_access_flags: all,
         ..QpAttr::default()
     };
@@ -1825,6 +1829,90 @@ fn a_responder_that_polls_rarely_answers_reads_promptly() {
     let mut got = vec![0u8; len];
     dst.read(0, &mut got).unwrap();
     assert_eq!(got, vec![5u8; len]);
+}
+
+/// Busy-poll mode: a READ responder whose application spins on its CQ is no rare poller, though
+/// each of its polls that finds requests answers them before it returns (a 256 KiB response
+/// takes longer than SPINNER_GRACE to send): measured from the poll's start, the next poll
+/// looked late, and after a few such the engine thread was woken to watch the socket and
+/// compete with the poller for the cores (a 64 KiB `read_bw` between two hosts: 2,277
+/// context switches a second on the responder).
+#[test]
+fn a_busy_read_responder_is_not_taken_for_a_rare_poller() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let _spin = SPINNING.lock().unwrap_or_else(|e| e.into_inner());
+    let a = side([127, 0, 0, 1], 24896, PollMode::BusyPoll);
+    let b = side([127, 0, 0, 2], 24896, PollMode::BusyPoll);
+    connect_mtu(&a, &b, Mtu::Mtu4096);
+    const LEN: usize = 64 << 10;
+    const READS: u64 = 2000;
+    const OUTSTANDING: u64 = 16;
+    // b answers from raw memory (copied, as for a C program's), a lands in memory it lends:
+    // b has more to do per READ than a, and its polls keep finding requests.
+    let mut raw = vec![9u8; LEN];
+    // SAFETY: `raw` outlives the region (deregistered when `src` drops, before `raw`).
+    let src = unsafe {
+        b.pd.reg_raw(
+            raw.as_mut_ptr(),
+            LEN,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+    }
+    .unwrap();
+    let dst =
+        a.pd.reg_buffer(vec![0u8; LEN], Access::LOCAL_WRITE)
+            .unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // b's application polls its CQ every 5 us, a busy poller (between them, its other
+        // work). Its polls that find requests last longer than SPINNER_GRACE: 64 packets of
+        // 4 KiB are answered before each returns.
+        s.spawn(|| {
+            let mut wc = [softrdma::verbs::EMPTY_WC; 4];
+            let t = std::time::Instant::now();
+            while !stop.load(Relaxed) && t.elapsed() < Duration::from_secs(60) {
+                b.cq.poll(&mut wc);
+                let w = std::time::Instant::now();
+                while w.elapsed() < Duration::from_micros(20) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let read = |i: u64| {
+            a.qp.post_send(
+                &SendWr::new(
+                    i,
+                    WrOpcode::RdmaRead {
+                        remote_addr: src.iova(),
+                        rkey: src.rkey(),
+                    },
+                )
+                .sg(&[dst.sge(0, LEN as u32)])
+                .flags(SendFlags::SIGNALED),
+            )
+            .unwrap();
+        };
+        (0..OUTSTANDING).for_each(read);
+        for i in OUTSTANDING..READS + OUTSTANDING {
+            assert_eq!(one(&a.cq).status, WcStatus::Success);
+            if i < READS {
+                read(i);
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    let watches = b.dev.counters().spinner_watches.load(Relaxed);
+    eprintln!("b's engine thread: {watches} watches");
+    // A poller preempted now and then may look late a few times in a row, not 26 (before).
+    assert!(
+        watches <= 3,
+        "the responder was taken for a rare poller: {watches} watches"
+    );
+    let mut got = vec![0u8; LEN];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got, vec![9u8; LEN]);
+    drop(src);
+    drop(raw);
 }
 
 #[test]

@@ -21,7 +21,7 @@ impl Engine {
         // The application's last sign of life before this poll: a poll, a post or a
         // receive batch (see `note_find`).
         let before = self.last_poll.load(Ordering::Relaxed);
-        let now = self.polled_at(active);
+        let (now, served) = self.polled_at(active);
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
@@ -29,6 +29,13 @@ impl Engine {
         // while.
         let defer_acks = self.mode == PollMode::BusyPoll && active;
         let mut done = self.receive_at(&mut rx, defer_acks, active, now);
+        if defer_acks && (done > 0 || served) {
+            // The poll's own work is no absence: READ requests are answered from it (a
+            // 64 KiB response takes 15-20 us to send), and the next poll, measured from this
+            // one's start, would look late to `note_find` (a busy READ responder was taken for
+            // a rare poller, and the engine thread woken to compete with it).
+            self.last_poll.store(self.now(), Ordering::Relaxed);
+        }
         // A find by a thread about to wait for its event counts as well (UCX's progress
         // thread: its polls after each wake-up are of armed CQs, and its unarmed ones, which
         // keep the engine thread off the receive path, come before the requests and find
@@ -125,8 +132,9 @@ impl Engine {
         self.polled_at(active);
     }
 
-    /// What every poll does before it receives ([`Engine::polled`]); returns the clock read.
-    fn polled_at(&self, active: bool) -> u64 {
+    /// What every poll does before it receives ([`Engine::polled`]); returns the clock read,
+    /// and whether it sent answers left over from earlier drives.
+    fn polled_at(&self, active: bool) -> (u64, bool) {
         // The poller counts as active even when it finds the receive path taken: otherwise an
         // engine thread that stepped in while pollers were quiet would keep it (and compete
         // with spinning pollers for the cores) for as long as they keep finding it taken.
@@ -135,10 +143,11 @@ impl Engine {
             self.poller_active(now);
             self.last_progress.store(now, Ordering::Relaxed);
         }
-        if self.has_pending_transmit() {
+        let served = self.has_pending_transmit();
+        if served {
             self.serve_pending_transmit();
         }
-        now
+        (now, served)
     }
 
     /// Receive and handle up to a few batches of datagrams. Plain acknowledgements are held
