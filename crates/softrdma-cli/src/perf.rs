@@ -49,6 +49,10 @@ pub enum Test {
     /// SEND latency, ping-pong (`ib_send_lat`).
     #[value(name = "send_lat")]
     SendLat,
+    /// SEND exchange: each round both sides send at once and wait for the other's message
+    /// (an MPI ring exchange's pattern, `mpi_ring`'s); the time per round.
+    #[value(name = "exchange_lat")]
+    ExchangeLat,
 }
 
 impl Test {
@@ -67,6 +71,7 @@ impl Test {
             Test::WriteLat => "write_lat",
             Test::ReadLat => "read_lat",
             Test::SendLat => "send_lat",
+            Test::ExchangeLat => "exchange_lat",
         }
     }
     fn parse(s: &str) -> Option<Test> {
@@ -78,6 +83,7 @@ impl Test {
             Test::WriteLat,
             Test::ReadLat,
             Test::SendLat,
+            Test::ExchangeLat,
         ]
         .into_iter()
         .find(|t| t.name() == s)
@@ -527,6 +533,11 @@ pub fn server(local: IpAddr, opts: &PerfOpts) -> Res<()> {
                 w.write_all(b"ready\n")?;
                 write_pingpong(&c, &peer, size, iters, false)?;
             }
+            Test::ExchangeLat => {
+                top_up_recvs(&c, lat_recvs(&c, iters))?;
+                w.write_all(b"ready\n")?;
+                exchange(&c, &peer, size, iters)?;
+            }
             _ => {
                 w.write_all(b"ready\n")?;
                 // Passive side: the engine answers the client's requests. In busy-poll mode
@@ -636,8 +647,6 @@ fn recv_loop(
     let mut got = 0u64;
     let mut posted = 0u64;
     let mut wc = [EMPTY_WC; 32];
-    // Small answers are sent inline from here, as write_lat sends its WRITEs.
-    let small = [0u8; 64];
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut next_look = Instant::now();
     while got < iters {
@@ -651,20 +660,7 @@ fn recv_loop(
             if w.opcode.is_recv() {
                 got += 1;
                 if echo {
-                    let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
-                    let flags = if c.signal_all || posted % 64 == 63 {
-                        SendFlags::SIGNALED
-                    } else {
-                        SendFlags::NONE
-                    };
-                    let wr = if size <= 64 && !c.signal_all {
-                        SendWr::new(posted, WrOpcode::Send)
-                            .inline(&small[..size])
-                            .flags(flags | SendFlags::INLINE)
-                    } else {
-                        SendWr::new(posted, WrOpcode::Send).sg(&sge).flags(flags)
-                    };
-                    c.qp.post_send(&to(peer, wr))?;
+                    post_lat_send(c, peer, posted, size)?;
                     posted += 1;
                 }
                 // The answer goes first; the receive is posted again behind it.
@@ -1148,8 +1144,6 @@ fn send_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Dur
     top_up_recvs(c, lat_recvs(c, iters))?;
     let mut times = Vec::with_capacity(iters as usize);
     let mut wc = [EMPTY_WC; 8];
-    // Small messages are sent inline from here, as write_lat sends its WRITEs.
-    let small = [0u8; 64];
     // Over UC and UD a lost SEND (or answer) is not resent: the round fails after a while.
     let bound = if c.conn.unreliable() {
         ANSWER_TIMEOUT
@@ -1157,21 +1151,8 @@ fn send_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Dur
         Duration::from_secs(30)
     };
     for i in 0..iters {
-        let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
-        let flags = if c.signal_all || i % 64 == 63 {
-            SendFlags::SIGNALED
-        } else {
-            SendFlags::NONE
-        };
-        let wr = SendWr::new(i, WrOpcode::Send);
-        let wr = if size <= 64 && !c.signal_all {
-            wr.inline(&small[..size]).flags(flags | SendFlags::INLINE)
-        } else {
-            wr.sg(&sge).flags(flags)
-        };
-        let wr = to(peer, wr);
         let t0 = Instant::now();
-        c.qp.post_send(&wr)?;
+        post_lat_send(c, peer, i, size)?;
         let deadline = t0 + bound;
         let mut spins = 0u32;
         let answer = 'wait: loop {
@@ -1197,6 +1178,64 @@ fn send_lat_client(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Dur
         // Reposting the receive is bookkeeping between round trips (as the send completions
         // of write_lat), not part of one.
         repost(c, answer)?;
+    }
+    Ok(times)
+}
+
+/// Post SEND `i` of a latency test: `size` bytes, inline up to 64 bytes (as write_lat sends
+/// its WRITEs) and signaled every 64th, unless `--signal-all` asks for perftest's pattern
+/// (every one signaled, the payload gathered from the registered buffer).
+fn post_lat_send(c: &Ctx, peer: &Peer, i: u64, size: usize) -> Res<()> {
+    const SMALL: [u8; 64] = [0u8; 64];
+    let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
+    let flags = if c.signal_all || i % 64 == 63 {
+        SendFlags::SIGNALED
+    } else {
+        SendFlags::NONE
+    };
+    let wr = SendWr::new(i, WrOpcode::Send);
+    let wr = if size <= 64 && !c.signal_all {
+        wr.inline(&SMALL[..size]).flags(flags | SendFlags::INLINE)
+    } else {
+        wr.sg(&sge).flags(flags)
+    };
+    c.qp.post_send(&to(peer, wr))?;
+    Ok(())
+}
+
+/// Both sides of `exchange_lat`: `iters` rounds, each a SEND posted to the peer and the wait
+/// for the peer's SEND of the round (both cross on the wire, as the messages of an MPI ring
+/// exchange do). Returns the time of each round.
+fn exchange(c: &Ctx, peer: &Peer, size: usize, iters: u64) -> Res<Vec<Duration>> {
+    let mut times = Vec::with_capacity(iters as usize);
+    let mut wc = [EMPTY_WC; 8];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // A receive completion that arrived ahead of its round (the peer's next message, when this
+    // side was slower to look): it counts for the next round.
+    let mut early = 0u64;
+    for i in 0..iters {
+        let t0 = Instant::now();
+        post_lat_send(c, peer, i, size)?;
+        let mut spins = 0u32;
+        while early == 0 {
+            let n = c.cq.poll(&mut wc);
+            for w in &wc[..n] {
+                check(w)?;
+                if w.opcode.is_recv() {
+                    early += 1;
+                    repost(c, w.wr_id)?;
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && Instant::now() > deadline {
+                return Err(format!("timed out in round {i} of {iters} of the exchange").into());
+            }
+            if n == 0 {
+                idle_after_poll(c);
+            }
+        }
+        early -= 1;
+        times.push(t0.elapsed());
     }
     Ok(times)
 }
@@ -1315,6 +1354,10 @@ pub fn client(
                 read_lat_client(&c, &peer, size, iters)?,
                 false,
             ),
+            Test::ExchangeLat => {
+                top_up_recvs(&c, lat_recvs(&c, iters))?;
+                lat_row(conn, test, size, exchange(&c, &peer, size, iters)?, false)
+            }
             _ => lat_row(
                 conn,
                 test,

@@ -178,6 +178,22 @@ fn latency_tests_in_perftests_pattern() {
 }
 
 #[test]
+fn an_exchange_sends_both_ways_at_once() {
+    // Each round both sides send and wait for the other's message; a side that missed one
+    // would wait for it to the end (and the run would fail by its deadline).
+    for (size, iters) in [("8", 300u64), ("65536", 100)] {
+        let rows = perf(
+            "exchange_lat",
+            &["-s", size, "-n", &iters.to_string()],
+            98,
+            28798,
+        );
+        assert_eq!(rows[0]["test"], "exchange_lat", "{}", rows[0]);
+        assert_lat(&rows[0], "RC", iters);
+    }
+}
+
+#[test]
 fn refused_before_a_server_starts() {
     for (args, msg) in [
         (
@@ -190,6 +206,10 @@ fn refused_before_a_server_starts() {
         ),
         (&["read_bw", "--ud"][..], "read_bw does not run over UD"),
         (&["atomic_bw", "--uc"][..], "atomic_bw does not run over UC"),
+        (
+            &["exchange_lat", "--ud"][..],
+            "exchange_lat does not run over UD",
+        ),
     ] {
         let out = Command::new(BIN)
             .arg("perf")
