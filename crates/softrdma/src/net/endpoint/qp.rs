@@ -10,6 +10,7 @@ use super::ACK_DELAY;
 use super::inbox::Inbox;
 use crate::net::cq::CqCore;
 use crate::net::udp::{MAX_DATAGRAM, TxBatch};
+use crate::params::ACK_GRACE;
 use crate::rc::emit::LEND_MAX_PIECES;
 use crate::rc::{Gather, PostRules, Qp, QpType, Srq};
 use crate::wire::IdDeltas;
@@ -55,9 +56,62 @@ pub struct QpBody {
 #[derive(Debug, Default)]
 pub(crate) struct HeldAck {
     pub(crate) since: Option<u64>,
+    /// How long an application's poll that finds nothing lets this QP hold its ACK before it
+    /// goes alone (0: `ACK_GRACE`); see [`HeldAck::grace`].
+    grace: u64,
+    /// An ACK went alone when an empty poll's grace ran out, and nothing since has told
+    /// whether the peer waited for it.
+    early: bool,
 }
 
 impl HeldAck {
+    /// The grace of an empty poll (busy-poll mode): `ACK_GRACE`, so that two sides each
+    /// waiting for its send's completion (the ACK the other holds) do not each wait
+    /// `ACK_DELAY`, nor a sender waiting for each send's completion before the next (a
+    /// blocking zero-copy send). Doubled, up to `ACK_DELAY`, each time an early ACK proves
+    /// needless: sent while this side waited for no ACK of its own, and followed by a request
+    /// of this side before any of the peer's (the ACK would have ridden with it, as an RxM
+    /// ping-pong's answers, which come several polls after the message). Back to `ACK_GRACE`
+    /// when an early ACK goes while this side waits for the peer's ACKs (the two may wait for
+    /// each other), or when the peer's next request follows one (it may have waited for it).
+    pub(crate) fn grace(&self) -> u64 {
+        if self.grace == 0 {
+            ACK_GRACE
+        } else {
+            self.grace
+        }
+    }
+
+    /// An empty poll's grace ran out and the ACK went alone; `waiting`: this side has
+    /// requests the peer has not acknowledged.
+    pub(crate) fn sent_early(&mut self, waiting: bool) {
+        self.early = !waiting;
+        if waiting {
+            self.grace = ACK_GRACE;
+        }
+    }
+
+    /// This side sends a request: an ACK sent early since was needless.
+    pub(crate) fn posted(&mut self) {
+        if self.early {
+            self.early = false;
+            self.grace = (self.grace() * 2).min(ACK_DELAY);
+        }
+    }
+
+    /// A request of the peer's arrived: it may have waited for an ACK sent early since.
+    pub(crate) fn peer_posted(&mut self) {
+        if self.early {
+            self.early = false;
+            self.grace = ACK_GRACE;
+        }
+    }
+
+    /// Whether an ACK sent early waits for its verdict.
+    pub(crate) fn early(&self) -> bool {
+        self.early
+    }
+
     pub(crate) fn due(&self, now: u64) -> bool {
         self.held_for(now, ACK_DELAY)
     }

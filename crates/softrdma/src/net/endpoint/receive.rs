@@ -114,6 +114,7 @@ impl Endpoint {
             let mark = (!ud && body.peer_src_port.is_none()).then(|| body.qp.progress_mark());
             let from = |len, id| ud.then(|| self.source_of(d.src, len, id));
             self.handle_packet(now, &cell, &mut body, &pkt, from(len, id).as_ref());
+            let mut request = is_request(&pkt);
             for (k, seg) in segs.by_ref() {
                 done += 1;
                 let Some((p, id)) = self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) else {
@@ -123,7 +124,11 @@ impl Endpoint {
                     carry = Some((p, seg.len(), id));
                     break;
                 }
+                request |= is_request(&p);
                 self.handle_packet(now, &cell, &mut body, &p, from(seg.len(), id).as_ref());
+            }
+            if request {
+                body.held_ack.peer_posted();
             }
             if mark.is_some_and(|m| m != body.qp.progress_mark()) {
                 body.peer_src_port = Some(d.src.port());
@@ -218,4 +223,9 @@ fn ipv6_of(ip: IpAddr) -> std::net::Ipv6Addr {
         IpAddr::V4(v4) => v4.to_ipv6_mapped(),
         IpAddr::V6(v6) => v6,
     }
+}
+
+/// A packet a requester sends (the peer posted something), not an answer.
+fn is_request(p: &Packet<'_>) -> bool {
+    p.hdr.bth.opcode.info().is_some_and(|i| i.is_request())
 }

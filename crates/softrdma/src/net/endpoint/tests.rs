@@ -492,3 +492,127 @@ fn a_request_the_qp_no_longer_takes_is_dropped_counted_and_gives_its_slot_back()
     drop(held);
     assert_eq!(a.cell.sq_used.load(Relaxed), 0);
 }
+
+/// Packets in each datagram `from` sent, delivered to `to` (acknowledgements flushed).
+fn segments_sent(from: &Host, to: &mut Host) -> Vec<usize> {
+    let sent = from.take_sent();
+    for (_, data, seg) in &sent {
+        to.receive(from.addr, data, *seg, true);
+    }
+    sent.iter()
+        .map(|(_, d, seg)| d.len().div_ceil(*seg))
+        .collect()
+}
+
+/// One round of a ping-pong whose answer comes several polls after the message (RxM's): A's
+/// signaled WRITE reaches B, whose ACK is held; B's application polls and finds nothing
+/// `idle` ns later; then B answers with a WRITE of its own. Returns the packets of each
+/// datagram B sent: at the poll, and with its answer.
+fn slow_answer_round(a: &mut Host, b: &mut Host, idle: u64) -> (Vec<usize>, Vec<usize>) {
+    let t = b.io.now() + 100_000;
+    a.io.now.set(t);
+    b.io.now.set(t);
+    a.write_to(b, 0, 256);
+    for (_, data, seg) in a.take_sent() {
+        b.receive(a.addr, &data, seg, false);
+    }
+    b.io.now.set(t + idle);
+    b.ep.flush_held_early(&mut b.work, t + idle, &b.io);
+    let at_poll = segments_sent(b, a);
+    b.write_to(a, 0, 256);
+    let with_answer = segments_sent(b, a);
+    // A's ACK of B's WRITE (B then waits for none), and both sides' completions.
+    segments_sent(a, b);
+    a.completions();
+    b.completions();
+    (at_poll, with_answer)
+}
+
+#[test]
+fn an_ack_sent_early_for_nothing_is_held_longer_next_time() {
+    let (mut a, mut b) = pair(true);
+    let grace = crate::params::ACK_GRACE;
+    // The first time the grace runs out, the ACK goes alone; the answer follows it.
+    assert_eq!(
+        slow_answer_round(&mut a, &mut b, grace + 500),
+        (vec![1], vec![1])
+    );
+    // B answered before A sent anything more: the early ACK was needless, the grace doubles.
+    // The same idle poll lets it ride with the answer (two segments, one datagram).
+    assert_eq!(
+        slow_answer_round(&mut a, &mut b, grace + 500),
+        (vec![], vec![2])
+    );
+    // Past the doubled grace it goes early again, and again for nothing: doubled again.
+    assert_eq!(
+        slow_answer_round(&mut a, &mut b, 2 * grace + 500),
+        (vec![1], vec![1])
+    );
+    assert_eq!(
+        slow_answer_round(&mut a, &mut b, 2 * grace + 500),
+        (vec![], vec![2])
+    );
+    // Never past ACK_DELAY, when a held ACK is due anyway.
+    for _ in 0..8 {
+        slow_answer_round(&mut a, &mut b, ACK_DELAY + 500);
+    }
+    assert_eq!(b.cell.lock().held_ack.grace(), ACK_DELAY);
+}
+
+#[test]
+fn an_ack_the_peer_waited_for_goes_early_again() {
+    let (mut a, mut b) = pair(true);
+    let grace = crate::params::ACK_GRACE;
+    // Needless twice: the grace is 4 x ACK_GRACE.
+    slow_answer_round(&mut a, &mut b, grace + 500);
+    slow_answer_round(&mut a, &mut b, 2 * grace + 500);
+    assert_eq!(b.cell.lock().held_ack.grace(), 4 * grace);
+    // Now B's application answers nothing: the ACK goes when the grace runs out, and A's next
+    // request follows (A waited for the completion it brought, as a blocking zero-copy
+    // sender does).
+    let t = b.io.now() + 100_000;
+    b.io.now.set(t);
+    a.io.now.set(t);
+    a.write_to(&b, 0, 256);
+    for (_, data, seg) in a.take_sent() {
+        b.receive(a.addr, &data, seg, false);
+    }
+    b.io.now.set(t + 4 * grace);
+    b.ep.flush_held_early(&mut b.work, t + 4 * grace, &b.io);
+    assert_eq!(segments_sent(&b, &mut a), vec![1]);
+    a.write_to(&b, 0, 256);
+    for (_, data, seg) in a.take_sent() {
+        b.receive(a.addr, &data, seg, false);
+    }
+    // The peer's request after an early ACK: back to ACK_GRACE.
+    assert_eq!(b.cell.lock().held_ack.grace(), grace);
+    b.io.now.set(t + 5 * grace + 500);
+    b.ep.flush_held_early(&mut b.work, t + 5 * grace + 500, &b.io);
+    assert_eq!(segments_sent(&b, &mut a), vec![1]);
+}
+
+#[test]
+fn an_ack_that_goes_while_this_side_waits_for_the_peers_goes_early_again() {
+    let (mut a, mut b) = pair(true);
+    let grace = crate::params::ACK_GRACE;
+    slow_answer_round(&mut a, &mut b, grace + 500);
+    slow_answer_round(&mut a, &mut b, 2 * grace + 500);
+    assert_eq!(b.cell.lock().held_ack.grace(), 4 * grace);
+    // Both post at once (an MPI exchange of zero-copy sends): each WRITE arrives with no ACK
+    // riding on it, and each side holds the other's ACK while it waits for its own.
+    let t = b.io.now() + 100_000;
+    a.io.now.set(t);
+    b.io.now.set(t);
+    b.write_to(&a, 0, 256);
+    a.write_to(&b, 0, 256);
+    for (_, data, seg) in b.take_sent() {
+        a.receive(b.addr, &data, seg, false);
+    }
+    for (_, data, seg) in a.take_sent() {
+        b.receive(a.addr, &data, seg, false);
+    }
+    b.io.now.set(t + 4 * grace);
+    b.ep.flush_held_early(&mut b.work, t + 4 * grace, &b.io);
+    assert_eq!(segments_sent(&b, &mut a), vec![1]);
+    assert_eq!(b.cell.lock().held_ack.grace(), grace);
+}

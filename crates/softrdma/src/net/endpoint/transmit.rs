@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::{ACK_DELAY, Endpoint, EndpointIo, QpBody, QpCell, RESPONSE_BUDGET, RxWork};
 use crate::mem::MemoryTable;
 use crate::net::udp::TxBatch;
-use crate::params::INBOX_ROUNDS;
+use crate::params::{ACK_GRACE, INBOX_ROUNDS};
 use crate::rc::QpType;
 use crate::wire::{ICRC_LEN, IdDeltas};
 
@@ -47,6 +47,9 @@ impl Endpoint {
             // A held acknowledgement stays held through this drive's requests, and so does a
             // new one in busy-poll mode.
             let hold = defer_acks || body.held_ack.since.is_some();
+            if body.held_ack.early() && body.qp.has_request_work() {
+                body.held_ack.posted();
+            }
             let sent = self.build(body, dst, now, hold, io);
             // Requests and answers go first. Outside packet handling (a post, a timer), a
             // held ACK goes out behind them in the same system call, as the last (shorter)
@@ -289,6 +292,30 @@ impl Endpoint {
     /// [`Endpoint::flush_pending`] at `now`.
     pub fn flush_pending_at(&self, w: &mut RxWork, all: bool, now: u64, io: &impl EndpointIo) {
         self.flush_held_for(w, if all { 0 } else { ACK_DELAY }, now, io);
+    }
+
+    /// An application's poll found nothing (busy-poll mode): send the acknowledgements held
+    /// for at least their QP's grace ([`HeldAck::grace`](super::qp::HeldAck::grace), at
+    /// least `ACK_GRACE`) at `now`, alone.
+    pub fn flush_held_early(&self, w: &mut RxWork, now: u64, io: &impl EndpointIo) {
+        let earliest = w.pending_due.saturating_sub(ACK_DELAY);
+        if w.pending.is_empty() || now.saturating_sub(earliest) < ACK_GRACE {
+            return;
+        }
+        let mut next = u64::MAX;
+        w.pending.retain(|cell| {
+            let mut body = cell.lock();
+            if body.held_ack.held_for(now, body.held_ack.grace()) {
+                let waiting = body.qp.requests_outstanding();
+                self.release_ack(&mut body, now, io);
+                body.held_ack.sent_early(waiting);
+                self.publish_deadline(cell, &body, io);
+                self.queue_if_left(cell, &mut body, io);
+            }
+            next = next.min(body.held_ack.due_at().unwrap_or(u64::MAX));
+            body.held_ack.since.is_some()
+        });
+        w.pending_due = next;
     }
 
     /// Send the acknowledgements held for at least `held` at `now` (ACK_DELAY: those due; 0:

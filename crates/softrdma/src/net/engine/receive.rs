@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Engine, PollMode, RX_BATCH, RxState};
 use crate::net::endpoint::ACK_DELAY;
-use crate::params::{ACK_GRACE, RARE_POLLER_EMPTY_MAX, RARE_POLLER_FINDS, SPINNER_GRACE};
+use crate::params::{RARE_POLLER_EMPTY_MAX, RARE_POLLER_FINDS, SPINNER_GRACE};
 
 impl Engine {
     /// Receive and process what is queued on the socket, if no other thread is doing so.
@@ -215,7 +215,7 @@ impl Engine {
             // waiting for the other's acknowledgement before posting would otherwise each wait
             // ACK_DELAY: a 4 KiB MPI exchange over UCX's zero-copy sends took 39 us a round).
             if done == 0 && poller {
-                self.ep.flush_held_for(&mut rx.work, ACK_GRACE, now, self);
+                self.ep.flush_held_early(&mut rx.work, now, self);
             } else {
                 let slack = if done > 0 { ACK_DELAY } else { 0 };
                 self.ep
