@@ -559,20 +559,27 @@ fn an_ack_sent_early_for_nothing_is_held_longer_next_time() {
     assert_eq!(b.cell.lock().held_ack.grace(), ACK_DELAY);
 }
 
+/// Two rounds whose early ACKs prove needless: B's grace becomes 4 x ACK_GRACE. Returns a
+/// clock reading past them, set on both hosts.
+fn grace_raised_twice(a: &mut Host, b: &mut Host) -> u64 {
+    let grace = crate::params::ACK_GRACE;
+    slow_answer_round(a, b, grace + 500);
+    slow_answer_round(a, b, 2 * grace + 500);
+    assert_eq!(b.cell.lock().held_ack.grace(), 4 * grace);
+    let t = b.io.now() + 100_000;
+    a.io.now.set(t);
+    b.io.now.set(t);
+    t
+}
+
 #[test]
 fn an_ack_the_peer_waited_for_goes_early_again() {
     let (mut a, mut b) = pair(true);
     let grace = crate::params::ACK_GRACE;
-    // Needless twice: the grace is 4 x ACK_GRACE.
-    slow_answer_round(&mut a, &mut b, grace + 500);
-    slow_answer_round(&mut a, &mut b, 2 * grace + 500);
-    assert_eq!(b.cell.lock().held_ack.grace(), 4 * grace);
     // Now B's application answers nothing: the ACK goes when the grace runs out, and A's next
     // request follows (A waited for the completion it brought, as a blocking zero-copy
     // sender does).
-    let t = b.io.now() + 100_000;
-    b.io.now.set(t);
-    a.io.now.set(t);
+    let t = grace_raised_twice(&mut a, &mut b);
     a.write_to(&b, 0, 256);
     for (_, data, seg) in a.take_sent() {
         b.receive(a.addr, &data, seg, false);
@@ -595,14 +602,9 @@ fn an_ack_the_peer_waited_for_goes_early_again() {
 fn an_ack_that_goes_while_this_side_waits_for_the_peers_goes_early_again() {
     let (mut a, mut b) = pair(true);
     let grace = crate::params::ACK_GRACE;
-    slow_answer_round(&mut a, &mut b, grace + 500);
-    slow_answer_round(&mut a, &mut b, 2 * grace + 500);
-    assert_eq!(b.cell.lock().held_ack.grace(), 4 * grace);
     // Both post at once (an MPI exchange of zero-copy sends): each WRITE arrives with no ACK
     // riding on it, and each side holds the other's ACK while it waits for its own.
-    let t = b.io.now() + 100_000;
-    a.io.now.set(t);
-    b.io.now.set(t);
+    let t = grace_raised_twice(&mut a, &mut b);
     b.write_to(&a, 0, 256);
     a.write_to(&b, 0, 256);
     for (_, data, seg) in b.take_sent() {

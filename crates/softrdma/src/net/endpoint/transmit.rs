@@ -298,39 +298,40 @@ impl Endpoint {
     /// for at least their QP's grace ([`HeldAck::grace`](super::qp::HeldAck::grace), at
     /// least `ACK_GRACE`) at `now`, alone.
     pub fn flush_held_early(&self, w: &mut RxWork, now: u64, io: &impl EndpointIo) {
-        let earliest = w.pending_due.saturating_sub(ACK_DELAY);
-        if w.pending.is_empty() || now.saturating_sub(earliest) < ACK_GRACE {
-            return;
-        }
-        let mut next = u64::MAX;
-        w.pending.retain(|cell| {
-            let mut body = cell.lock();
-            if body.held_ack.held_for(now, body.held_ack.grace()) {
-                let waiting = body.qp.requests_outstanding();
-                self.release_ack(&mut body, now, io);
-                body.held_ack.sent_early(waiting);
-                self.publish_deadline(cell, &body, io);
-                self.queue_if_left(cell, &mut body, io);
-            }
-            next = next.min(body.held_ack.due_at().unwrap_or(u64::MAX));
-            body.held_ack.since.is_some()
-        });
-        w.pending_due = next;
+        self.flush_held_where(w, ACK_GRACE, true, now, io);
     }
 
     /// Send the acknowledgements held for at least `held` at `now` (ACK_DELAY: those due; 0:
     /// all); QPs still holding one stay on the list.
     pub fn flush_held_for(&self, w: &mut RxWork, held: u64, now: u64, io: &impl EndpointIo) {
+        self.flush_held_where(w, held, false, now, io);
+    }
+
+    /// Send the acknowledgements held for at least `least` at `now` (`early`: for at least
+    /// their QP's grace, which is never below `least`, and noted as sent early).
+    fn flush_held_where(
+        &self,
+        w: &mut RxWork,
+        least: u64,
+        early: bool,
+        now: u64,
+        io: &impl EndpointIo,
+    ) {
         // `pending_due` is the earliest hold's start plus ACK_DELAY.
         let earliest = w.pending_due.saturating_sub(ACK_DELAY);
-        if w.pending.is_empty() || now.saturating_sub(earliest) < held {
+        if w.pending.is_empty() || now.saturating_sub(earliest) < least {
             return;
         }
         let mut next = u64::MAX;
         w.pending.retain(|cell| {
             let mut body = cell.lock();
+            let held = if early { body.held_ack.grace() } else { least };
             if body.held_ack.held_for(now, held) {
+                let waiting = body.qp.requests_outstanding();
                 self.release_ack(&mut body, now, io);
+                if early {
+                    body.held_ack.sent_early(waiting);
+                }
                 self.publish_deadline(cell, &body, io);
                 self.queue_if_left(cell, &mut body, io);
             }
