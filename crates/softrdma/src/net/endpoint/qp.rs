@@ -53,15 +53,25 @@ pub struct QpBody {
 /// When a QP's transport began holding back a positive acknowledgement (busy-poll mode). The
 /// acknowledgement itself stays queued in the transport, unbuilt: acknowledgements are
 /// cumulative, so a newer one replaces it there, and it is built only when it is sent.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct HeldAck {
     pub(crate) since: Option<u64>,
     /// How long an application's poll that finds nothing lets this QP hold its ACK before it
-    /// goes alone (0: `ACK_GRACE`); see [`HeldAck::grace`].
+    /// goes alone; see [`HeldAck::grace`].
     grace: u64,
     /// An ACK went alone when an empty poll's grace ran out, and nothing since has told
     /// whether the peer waited for it.
     early: bool,
+}
+
+impl Default for HeldAck {
+    fn default() -> HeldAck {
+        HeldAck {
+            since: None,
+            grace: ACK_GRACE,
+            early: false,
+        }
+    }
 }
 
 impl HeldAck {
@@ -75,11 +85,7 @@ impl HeldAck {
     /// when an early ACK goes while this side waits for the peer's ACKs (the two may wait for
     /// each other), or when the peer's next request follows one (it may have waited for it).
     pub(crate) fn grace(&self) -> u64 {
-        if self.grace == 0 {
-            ACK_GRACE
-        } else {
-            self.grace
-        }
+        self.grace
     }
 
     /// An empty poll's grace ran out and the ACK went alone; `waiting`: this side has
@@ -95,7 +101,7 @@ impl HeldAck {
     pub(crate) fn posted(&mut self) {
         if self.early {
             self.early = false;
-            self.grace = (self.grace() * 2).min(ACK_DELAY);
+            self.grace = (self.grace * 2).min(ACK_DELAY);
         }
     }
 

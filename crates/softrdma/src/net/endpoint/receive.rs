@@ -114,7 +114,9 @@ impl Endpoint {
             let mark = (!ud && body.peer_src_port.is_none()).then(|| body.qp.progress_mark());
             let from = |len, id| ud.then(|| self.source_of(d.src, len, id));
             self.handle_packet(now, &cell, &mut body, &pkt, from(len, id).as_ref());
-            let mut request = is_request(&pkt);
+            // Only an ACK sent early waits to learn whether the peer posts next.
+            let early = body.held_ack.early();
+            let mut request = early && is_request(&pkt);
             for (k, seg) in segs.by_ref() {
                 done += 1;
                 let Some((p, id)) = self.verify(d.src, k, seg, &mut w.deltas, &mut w.icrc) else {
@@ -124,7 +126,7 @@ impl Endpoint {
                     carry = Some((p, seg.len(), id));
                     break;
                 }
-                request |= is_request(&p);
+                request |= early && is_request(&p);
                 self.handle_packet(now, &cell, &mut body, &p, from(seg.len(), id).as_ref());
             }
             if request {
