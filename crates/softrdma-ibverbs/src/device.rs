@@ -148,6 +148,10 @@ pub fn lookup(p: *const ibv_device) -> Option<&'static Device> {
 /// # Safety
 /// `num_devices` is NULL or points to a writable `int`.
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    if !num_devices.is_null() {
+        // SAFETY: the caller passes NULL or a writable int; 0 stands if the list fails.
+        unsafe { *num_devices = 0 };
+    }
     ffi_ptr(|| {
         let devs = match devices() {
             Ok(d) => d,

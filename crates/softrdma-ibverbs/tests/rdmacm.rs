@@ -473,3 +473,67 @@ fn a_request_without_rdma_cms_header_is_rejected_at_once() {
     );
     assert!(took < Duration::from_secs(1), "the REJ took {took:?}");
 }
+
+/// A device that cannot open (another process holds its address's RoCE port) is left out of
+/// `rdma_get_devices`, whose count is written whatever happens: libfabric's verbs provider
+/// reads the count before the list, and crashed in `fi_getinfo` when a failure left it unset.
+/// `ibv_get_device_list` writes 0 when the configuration is refused.
+#[test]
+fn a_device_that_cannot_open_is_left_out_of_the_cm_device_list() {
+    let prog = r#"
+#include <stdio.h>
+#include <string.h>
+#include <rdma/rdma_cma.h>
+#include <infiniband/verbs.h>
+int main(int argc, char **argv) {
+    int n = 12345;
+    if (argc > 1 && !strcmp(argv[1], "verbs")) {
+        struct ibv_device **d = ibv_get_device_list(&n);
+        printf("verbs %s n=%d\n", d ? "list" : "NULL", n);
+        if (d) ibv_free_device_list(d);
+        return 0;
+    }
+    struct ibv_context **l = rdma_get_devices(&n);
+    int k = 0;
+    while (l && l[k]) k++;
+    printf("cm %s n=%d k=%d first=%s\n", l ? "list" : "NULL", n, k,
+           k ? ibv_get_device_name(l[0]->device) : "-");
+    if (l) rdma_free_devices(l);
+    return 0;
+}
+"#;
+    let dir = std::env::temp_dir().join(format!("softrdma-cmdevs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, exe) = (dir.join("devs.c"), dir.join("devs"));
+    std::fs::write(&src, prog).unwrap();
+    let out = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib_dir().display()))
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
+        .output()
+        .expect("cc (install the Debian package gcc)");
+    assert!(out.status.success(), "{}", text(&out));
+    // Another process's socket on the first device's address and port.
+    let taken = std::net::UdpSocket::bind("127.0.4.61:4791").unwrap();
+    let run = |devices: &str, arg: &str| {
+        let out = Command::new(&exe)
+            .arg(arg)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("SOFTRDMA_DEVICES", devices)
+            .env_remove("SOFTRDMA_CONFIG")
+            .output()
+            .unwrap();
+        assert_clean_exit("devs", &out);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let both = run("softrdma0=127.0.4.61,softrdma1=127.0.4.62", "cm");
+    let busy = run("softrdma0=127.0.4.61", "cm");
+    let refused = run("softrdma0=not-an-address", "verbs");
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(both, "cm list n=1 k=1 first=softrdma1");
+    assert_eq!(busy, "cm list n=0 k=0 first=-");
+    assert_eq!(refused, "verbs NULL n=0");
+}

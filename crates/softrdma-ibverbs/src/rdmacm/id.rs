@@ -1489,13 +1489,23 @@ pub(crate) unsafe extern "C" fn destroy_srq(p: *mut rdma_cm_id) {
     )
 }
 
-/// `rdma_get_devices`: the contexts the library uses, one per device, NULL-terminated.
+/// `rdma_get_devices`: the contexts the library uses, one per device that opens (one that
+/// cannot, say because another process holds its address's port, is left out, as librdmacm
+/// leaves out a device it cannot open), NULL-terminated. `*num` is always written, 0 on
+/// failure: callers such as libfabric's verbs provider read it before the list.
 pub(crate) unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    if !num.is_null() {
+        // SAFETY: writable per the contract.
+        unsafe { *num = 0 };
+    }
     crate::errno::ffi_ptr(|| {
         let devs = crate::device::devices().map_err(|_| libc::ENODEV)?;
         let mut v: Vec<*mut ibv_context> = Vec::with_capacity(devs.len() + 1);
         for d in devs {
-            v.push(dev_cm(&mut global(), d)?.0);
+            // A device that does not open said why on stderr (`engine_for`).
+            if let Ok((ctx, _, _)) = dev_cm(&mut global(), d) {
+                v.push(ctx);
+            }
         }
         if !num.is_null() {
             // SAFETY: writable per the contract.

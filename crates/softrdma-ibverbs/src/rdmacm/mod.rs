@@ -264,10 +264,21 @@ fn dev_cm(
         return Ok((d.ctx, d.pd, d.cm));
     }
     let ctx = crate::open::open_context(dev)?;
-    // SAFETY: a context of ours.
-    let shared = unsafe { crate::context::shared_of(ctx) }?;
-    let vdev = shared.verbs()?;
-    let cm = ConnectionManager::open(vdev).map_err(|_| libc::EADDRINUSE)?;
+    let opened = || {
+        // SAFETY: a context of ours.
+        let shared = unsafe { crate::context::shared_of(ctx) }?;
+        let vdev = shared.verbs()?;
+        ConnectionManager::open(vdev).map_err(|_| libc::EADDRINUSE)
+    };
+    let cm = match opened() {
+        Ok(cm) => cm,
+        Err(e) => {
+            // The device did not open (its port taken, say): nothing of it stays behind.
+            // SAFETY: the context opened above, used by nothing else yet.
+            unsafe { crate::open::ibv_close_device(ctx) };
+            return Err(e);
+        }
+    };
     let cm: &'static ConnectionManager = Box::leak(Box::new(cm));
     let index = dev.index;
     cm.set_hook(Some(Box::new(move |e| on_event(index, e))));
