@@ -857,7 +857,9 @@ fn write_pingpong(
             if size <= 64 && !c.signal_all {
                 c.qp.post_send(&wr.inline(src).flags(flags | SendFlags::INLINE))?;
             } else {
-                c.mr.write(MAX_SIZE as u64, src)?;
+                // Only the marker changes between rounds (as in perftest's `ib_write_lat`):
+                // a copy of the whole payload per round would be timed with the WRITE.
+                c.mr.write(MAX_SIZE as u64 + size as u64 - 1, &[marker])?;
                 let sge = [c.mr.sge(MAX_SIZE as u64, size as u32)];
                 c.qp.post_send(&wr.sg(&sge).flags(flags))?;
             }
