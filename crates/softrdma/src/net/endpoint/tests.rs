@@ -493,6 +493,14 @@ fn a_request_the_qp_no_longer_takes_is_dropped_counted_and_gives_its_slot_back()
     assert_eq!(a.cell.sq_used.load(Relaxed), 0);
 }
 
+/// Move everything `from` sent to `to` with acknowledgements held, as a busy-poll receive
+/// batch leaves them for the application's next poll.
+fn deliver_held(from: &Host, to: &mut Host) {
+    for (_, data, seg) in from.take_sent() {
+        to.receive(from.addr, &data, seg, false);
+    }
+}
+
 /// Packets in each datagram `from` sent, delivered to `to` (acknowledgements flushed).
 fn segments_sent(from: &Host, to: &mut Host) -> Vec<usize> {
     let sent = from.take_sent();
@@ -513,9 +521,7 @@ fn slow_answer_round(a: &mut Host, b: &mut Host, idle: u64) -> (Vec<usize>, Vec<
     a.io.now.set(t);
     b.io.now.set(t);
     a.write_to(b, 0, 256);
-    for (_, data, seg) in a.take_sent() {
-        b.receive(a.addr, &data, seg, false);
-    }
+    deliver_held(a, b);
     b.io.now.set(t + idle);
     b.ep.flush_held_early(&mut b.work, t + idle, &b.io);
     let at_poll = segments_sent(b, a);
@@ -581,16 +587,12 @@ fn an_ack_the_peer_waited_for_goes_early_again() {
     // sender does).
     let t = grace_raised_twice(&mut a, &mut b);
     a.write_to(&b, 0, 256);
-    for (_, data, seg) in a.take_sent() {
-        b.receive(a.addr, &data, seg, false);
-    }
+    deliver_held(&a, &mut b);
     b.io.now.set(t + 4 * grace);
     b.ep.flush_held_early(&mut b.work, t + 4 * grace, &b.io);
     assert_eq!(segments_sent(&b, &mut a), vec![1]);
     a.write_to(&b, 0, 256);
-    for (_, data, seg) in a.take_sent() {
-        b.receive(a.addr, &data, seg, false);
-    }
+    deliver_held(&a, &mut b);
     // The peer's request after an early ACK: back to ACK_GRACE.
     assert_eq!(b.cell.lock().held_ack.grace(), grace);
     b.io.now.set(t + 5 * grace + 500);
@@ -607,12 +609,8 @@ fn an_ack_that_goes_while_this_side_waits_for_the_peers_goes_early_again() {
     let t = grace_raised_twice(&mut a, &mut b);
     b.write_to(&a, 0, 256);
     a.write_to(&b, 0, 256);
-    for (_, data, seg) in b.take_sent() {
-        a.receive(b.addr, &data, seg, false);
-    }
-    for (_, data, seg) in a.take_sent() {
-        b.receive(a.addr, &data, seg, false);
-    }
+    deliver_held(&b, &mut a);
+    deliver_held(&a, &mut b);
     b.io.now.set(t + 4 * grace);
     b.ep.flush_held_early(&mut b.work, t + 4 * grace, &b.io);
     assert_eq!(segments_sent(&b, &mut a), vec![1]);
