@@ -57,27 +57,34 @@ fn sges(list: *mut ibv_sge, n: c_int, out: &mut [Sge; MAX_SGE]) -> Result<&[Sge]
     Ok(&out[..n as usize])
 }
 
-/// Gather the inline payload named by `sg` (host addresses) into `buf`.
-fn gather(sg: &[Sge], max: u32, buf: &mut Vec<u8>) -> Result<(), c_int> {
+/// The inline payload named by `sg` (host addresses): the caller's bytes themselves when one
+/// entry names them all (the engine copies them before the post returns), else gathered into
+/// `buf`. No allocation for the common case, a single buffer.
+fn gather<'a>(sg: &[Sge], max: u32, buf: &'a mut Vec<u8>) -> Result<&'a [u8], c_int> {
     let total: u64 = sg.iter().map(|s| u64::from(s.length)).sum();
     if total > u64::from(max) {
         return Err(libc::EINVAL);
     }
-    buf.clear();
-    for s in sg {
-        if s.length == 0 {
-            continue;
-        }
+    let bytes = |s: &Sge| -> Result<&'a [u8], c_int> {
         if s.addr == 0 {
             return Err(libc::EINVAL);
         }
         // SAFETY: with IBV_SEND_INLINE the C contract is that each SGE names `length`
-        // readable bytes at the host address `addr` (no key is involved).
-        let b =
-            unsafe { core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) };
-        buf.extend_from_slice(b);
+        // readable bytes at the host address `addr` (no key is involved), unchanged until
+        // the post returns.
+        Ok(unsafe { core::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize) })
+    };
+    let mut named = sg.iter().filter(|s| s.length > 0);
+    match (named.next(), named.next()) {
+        (None, _) => return Ok(&[]),
+        (Some(s), None) => return bytes(s),
+        _ => {}
     }
-    Ok(())
+    buf.clear();
+    for s in sg.iter().filter(|s| s.length > 0) {
+        buf.extend_from_slice(bytes(s)?);
+    }
+    Ok(buf)
 }
 
 /// The engine's opcode for one C work request.
@@ -163,9 +170,8 @@ fn post_one(
         wr.ud = Some(ah.vah.dest(ud.remote_qpn, ud.remote_qkey));
     }
     if flags.contains(SendFlags::INLINE) && opcode.carries_payload() {
-        gather(sg, q.cap.max_inline_data, inline)?;
+        wr.inline_data = Some(gather(sg, q.cap.max_inline_data, inline)?);
         wr.sg_list = &[];
-        wr.inline_data = Some(inline);
     }
     if let WrOpcode::BindMw { .. } = opcode {
         // SAFETY: for IBV_WR_BIND_MW `ext.bind_mw` is the meaningful variant (plain data).

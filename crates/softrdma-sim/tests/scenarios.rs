@@ -1140,3 +1140,59 @@ fn memory_checks_are_enforced_by_the_sim_memory() {
     );
     assert!(m.check_guards().is_ok());
 }
+
+/// Where the next message would land (the receive path warms that buffer's cache lines
+/// while it waits): the first entry of the head of the QP's own receive queue, or of its
+/// SRQ's; nothing for an empty queue, an empty first entry, or an SRQ the QP does not use.
+#[test]
+fn the_next_receive_buffer_is_the_head_of_the_qps_queue_or_of_its_srq() {
+    let mut w = World::new(3, Faults::NONE);
+    let ep = w.add_endpoint();
+    let s = w.add_srq(ep, 8);
+    w.add_srq(ep, 8);
+    let own = w.create_qp(ep, QpCap::default(), None);
+    let shared = w.create_qp(ep, QpCap::default(), Some(s));
+    let far = w.add_endpoint();
+    for q in [own, shared] {
+        let peer = w.create_qp(far, QpCap::default(), None);
+        w.connect(q, peer, ConnOpts::default());
+    }
+    let sge = |lkey: u32, addr: u64, length: u32| Sge { addr, length, lkey };
+    assert!(w.qp(own).next_recv_buffer(None).is_none());
+    for (id, e) in [(1, sge(5, 0x1000, 64)), (2, sge(5, 0x2000, 64))] {
+        w.qp(own)
+            .post_recv(&RecvWr {
+                wr_id: id,
+                sg_list: &[e, sge(6, 0x9000, 8)],
+            })
+            .unwrap();
+    }
+    let qpn = w.qp(own).qp_num();
+    let (ctx, first) = w.qp(own).next_recv_buffer(None).unwrap();
+    assert_eq!((ctx.pd, ctx.qpn, first), (1, qpn, sge(5, 0x1000, 64)));
+
+    // The SRQ's head, only for its own QPs (the world numbers its SRQs from 1).
+    let mut srq = softrdma::rc::Srq::new(1, 8, 4);
+    let other = softrdma::rc::Srq::new(2, 8, 4);
+    assert!(w.qp(shared).next_recv_buffer(Some(&srq)).is_none());
+    srq.post_recv(&RecvWr {
+        wr_id: 3,
+        sg_list: &[sge(7, 0x3000, 128)],
+    })
+    .unwrap();
+    assert_eq!(
+        w.qp(shared).next_recv_buffer(Some(&srq)).map(|n| n.1),
+        Some(sge(7, 0x3000, 128))
+    );
+    assert!(w.qp(shared).next_recv_buffer(Some(&other)).is_none());
+    assert!(w.qp(shared).next_recv_buffer(None).is_none());
+
+    // An empty first entry names no buffer.
+    let mut zero = softrdma::rc::Srq::new(srq.id(), 4, 4);
+    zero.post_recv(&RecvWr {
+        wr_id: 4,
+        sg_list: &[sge(7, 0x4000, 0)],
+    })
+    .unwrap();
+    assert!(w.qp(shared).next_recv_buffer(Some(&zero)).is_none());
+}

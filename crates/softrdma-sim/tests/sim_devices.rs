@@ -115,7 +115,7 @@ fn one_seed() {
 
 use softrdma::verbs::{
     Access, Cq, Device, EMPTY_WC, Mr, Mtu, Pd, Qp, QpAttr, QpInitAttr, RecvWr, SendFlags, SendWr,
-    WcStatus, WorkCompletion, WrOpcode,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 use softrdma_sim::DeviceNet;
 use std::sync::atomic::Ordering::Relaxed;
@@ -472,4 +472,82 @@ fn a_burst_of_sends_waits_for_the_next_poll_but_its_first_send_does_not() {
     let mut got: Vec<u64> = wb.iter().map(|w| w.wr_id).collect();
     got.sort_unstable();
     assert_eq!(got, [0, 1, 2, 3]);
+}
+
+/// Busy-poll CQ polls after a receive that emptied the socket (the application draining its
+/// CQ, as libfabric's RxM polls twice more before it answers): the first `DRAIN_SKIPS` that
+/// find the CQ empty leave the socket alone (a system call that would find nothing on the way
+/// to the answer); the next one receives. A post ends the drain, and so does `DRAIN_SKIP` of
+/// time: what waits is received at once then.
+#[test]
+fn polls_draining_a_cq_leave_the_socket_alone_until_a_post_or_a_few_polls() {
+    use softrdma::params::{DRAIN_SKIP, DRAIN_SKIPS};
+    let mut net = DeviceNet::new(13, Faults::NONE);
+    let (a, b) = (side(&mut net, 1, 0x66), side(&mut net, 2, 0));
+    connect_to(&a, b.dev.addr(), b.qp.qp_num(), 7);
+    connect_to(&b, a.dev.addr(), a.qp.qp_num(), 7);
+    for i in 0..16u64 {
+        let sge = [b.mr.sge(i * 64, 64)];
+        b.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &sge,
+        })
+        .unwrap();
+    }
+    let mut wc = [EMPTY_WC; 4];
+    // One SEND waits in B's socket (with whatever else was sent: B's ACKs go to A); B's
+    // poll receives it and empties the socket.
+    let deliver_one = |net: &mut DeviceNet| {
+        send(&a, 0, 64);
+        // A's poll sends a post its doorbell left for it (a burst behind unacknowledged ones).
+        poll(&a, &mut Vec::new());
+        assert!(net.deliver_sent() >= 1);
+    };
+    // A receive that empties the socket, after the last one's drain ended (in time).
+    let drain = |net: &mut DeviceNet, wc: &mut [WorkCompletion]| {
+        net.advance(DRAIN_SKIP + 1);
+        deliver_one(net);
+        net.advance(100);
+        assert_eq!(b.cq.poll(wc), 1, "the message in the socket");
+    };
+
+    // The next DRAIN_SKIPS empty polls skip the socket, though a message waits there.
+    drain(&mut net, &mut wc);
+    deliver_one(&mut net);
+    for k in 0..DRAIN_SKIPS {
+        net.advance(100);
+        assert_eq!(b.cq.poll(&mut wc), 0, "poll {k} after the drain looked");
+    }
+    net.advance(100);
+    assert_eq!(b.cq.poll(&mut wc), 1, "the poll after the skips receives");
+
+    // A post ends the drain: the application answered.
+    drain(&mut net, &mut wc);
+    deliver_one(&mut net);
+    write(&b, 50, &a.mr, 0, 8);
+    net.advance(100);
+    let n = b.cq.poll(&mut wc);
+    assert!(
+        wc[..n].iter().any(|w| w.opcode == WcOpcode::Recv),
+        "a poll after a post receives: {:?}",
+        &wc[..n]
+    );
+
+    // So does time.
+    drain(&mut net, &mut wc);
+    deliver_one(&mut net);
+    net.advance(DRAIN_SKIP + 1);
+    assert_eq!(b.cq.poll(&mut wc), 1, "a poll DRAIN_SKIP later receives");
+
+    // A poll that found nothing in the socket starts no drain.
+    net.advance(DRAIN_SKIP + 1);
+    assert_eq!(b.cq.poll(&mut wc), 0);
+    deliver_one(&mut net);
+    net.advance(100);
+    let n = b.cq.poll(&mut wc);
+    assert!(
+        wc[..n].iter().any(|w| w.opcode == WcOpcode::Recv),
+        "an empty receive is no drain: {:?}",
+        &wc[..n]
+    );
 }

@@ -117,6 +117,19 @@ pub const WAKER_DELAY: u64 = 5_000_000;
 /// receive path (inside a long receive).
 pub const ENGINE_RETRY: u64 = 2_000_000;
 
+/// Busy-poll mode: after a poll's receive that emptied the socket, the next
+/// [`DRAIN_SKIPS`] polls that find their CQ empty, within this long (ns, from the start of
+/// that poll) and before the application posts, do not look at the socket again. An
+/// application drains its CQ after a message (polls until empty, often twice over:
+/// libfabric's RxM polls its one CQ twice more before it answers, 1-2 us after the receive
+/// began) and each such look was a system call that found nothing on the way to its answer,
+/// where polling a NIC's CQ costs nothing; what arrives meanwhile waits for two cheap polls
+/// of a tight loop, or at most this long.
+pub const DRAIN_SKIP: u64 = 5_000;
+
+/// Empty polls after a draining receive that skip the socket (see [`DRAIN_SKIP`]).
+pub const DRAIN_SKIPS: u32 = 2;
+
 /// Busy-poll mode, once the engine thread has found packets nobody polled for (the
 /// application waits by spinning on memory, as `ib_write_lat` does): the thread watches the
 /// socket and takes a datagram when no application thread has polled a CQ for this long (ns).

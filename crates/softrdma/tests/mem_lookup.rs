@@ -1052,3 +1052,50 @@ fn truncated_files_fault_and_device_memory_is_sealed() {
     t.write(c, d.rkey, d.iova + 8191, &[1], RW).unwrap();
     t.dereg_mr(d.lkey).unwrap();
 }
+
+/// `warm` (the receive path's hint for the next receive buffer) touches nothing and reports
+/// nothing: not for a bad key, a range out of bounds, another PD, nor raw memory the
+/// application unmapped; a real access to that memory still faults and is counted.
+#[test]
+fn warming_a_buffer_is_a_silent_hint() {
+    let t = MemoryTable::new(MemConfig {
+        pin_mode: PinMode::OnDemand,
+        watch: WatchMode::Off,
+        ..MemConfig::default()
+    })
+    .unwrap();
+    let pd = t.alloc_pd().unwrap();
+    let other = t.alloc_pd().unwrap();
+    let len = 2 * 4096;
+    // SAFETY: a fresh anonymous mapping, ours alone.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping is unmapped below while registered: exactly what raw regions allow.
+    let raw = unsafe { MemSource::raw(p.cast(), len) };
+    let r = t.reg_mr(pd, raw, ALL, None).unwrap();
+    let faults = t.stats().access_faults;
+    t.warm(ctx(pd), r.lkey, r.iova, 256);
+    t.warm(ctx(pd), r.lkey ^ 0x100, r.iova, 256);
+    t.warm(ctx(pd), r.lkey, r.iova + len as u64 - 8, 256);
+    t.warm(ctx(other), r.lkey, r.iova, 256);
+    // SAFETY: our own mapping.
+    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    t.warm(ctx(pd), r.lkey, r.iova, 256);
+    t.warm(ctx(pd), r.lkey, r.iova + 4096, 4096);
+    assert_eq!(t.stats().access_faults, faults, "a hint is no access");
+    assert!(t.write(ctx(pd), r.lkey, r.iova, &[1], LW).is_err());
+    assert!(
+        t.stats().access_faults > faults,
+        "a real access to it faults"
+    );
+    t.dereg_mr(r.lkey).unwrap();
+}

@@ -208,6 +208,13 @@ pub trait MemoryAccess {
         Ok(None)
     }
 
+    /// Bring the first bytes of `[iova, iova+len)` under `key` toward this CPU's cache (a
+    /// receive buffer the next message will land in). A hint only: nothing is copied,
+    /// nothing can fault, and a key or range that does not resolve is ignored, not reported.
+    fn warm(&self, ctx: AccessCtx, key: u32, iova: u64, len: u64) {
+        let _ = (ctx, key, iova, len);
+    }
+
     /// Execute an atomic on the 8 bytes at `iova` (must be 8-aligned) under `key`, which
     /// needs `REMOTE_ATOMIC`. Values are in host order. Returns the original value.
     fn atomic(&self, ctx: AccessCtx, key: u32, iova: u64, op: AtomicOp)

@@ -249,6 +249,32 @@ fn apply(orig: u64, op: AtomicOp) -> u64 {
     }
 }
 
+/// How many bytes at most [`MemoryAccess::warm`](super::MemoryAccess::warm) brings in: the
+/// start of a receive buffer, where a small message (and every message's header) lands.
+pub(crate) const WARM_MAX: u64 = 256;
+
+/// Ask the CPU to bring the cache lines of `[p, p+len)` in. Any address is fine: a prefetch
+/// is a hint, never faults (an unmapped page is simply not fetched) and changes no memory, so
+/// raw memory that may vanish needs no care.
+#[inline]
+pub(crate) fn prefetch_lines(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut off = 0;
+        while off < len {
+            let line = p.wrapping_add(off).cast::<i8>();
+            // SAFETY: `prefetcht0` reads nothing architecturally and cannot fault, whatever
+            // the address; SSE (which has it) is part of the x86-64 baseline.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(line)
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
 /// Copy `src` to `dst`.
 ///
 /// # Safety

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::copy::{self, CopyMode};
+use super::copy::{self, CopyMode, WARM_MAX};
 use super::region::MrState;
 use super::table::{Entry, read};
 use super::{
@@ -281,6 +281,16 @@ impl MemoryAccess for MemoryTable {
                 unsafe { copy::fetch(m, p, buf) }.map_err(|_| AccessError::Fault(key))
             })
         })
+    }
+
+    fn warm(&self, ctx: AccessCtx, key: u32, iova: u64, len: u64) {
+        let len = len.min(WARM_MAX);
+        // No violation is noted and no fault can happen: a prefetch is a hint the CPU drops
+        // for an address it cannot reach.
+        let _ = self.with_target_inner(ctx, key, iova, len, Access::LOCAL_WRITE, |p, _| {
+            copy::prefetch_lines(p, len as usize);
+            Ok(())
+        });
     }
 
     fn atomic(

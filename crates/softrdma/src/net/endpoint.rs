@@ -76,6 +76,9 @@ pub struct RxWork {
     /// The QP the last packet was for, with the QP table's generation when it was looked
     /// up (valid while the table has not changed since).
     last_qp: Option<(u64, Arc<QpCell>)>,
+    /// The QP whose packets last took a receive: the next idle poll warms the cache for its
+    /// next receive buffer (`Endpoint::warm_next_recv`).
+    warm_recv: Option<u32>,
 }
 
 impl Default for RxWork {
@@ -86,6 +89,7 @@ impl Default for RxWork {
             pending: Vec::with_capacity(64),
             pending_due: u64::MAX,
             last_qp: None,
+            warm_recv: None,
         }
     }
 }

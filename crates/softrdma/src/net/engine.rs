@@ -110,12 +110,19 @@ pub struct Engine {
     /// A send was posted since the last active poll: the application is busy with the device
     /// (a long post of large messages is not a gap between polls).
     posted: AtomicBool,
+    /// Busy-poll mode: when an active poll's receive last emptied the socket (engine clock;
+    /// 0: no such receive since the application's last post, or its skips are used up), and
+    /// how many empty polls skipped the socket since (`DRAIN_SKIP`, `Engine::skips_socket`).
+    drained_at: AtomicU64,
+    drain_skips: AtomicU32,
 }
 
 /// The receive lock's contents: the socket's batch and the endpoint's receive state.
 struct RxState {
     batch: RxBatch,
     work: RxWork,
+    /// The last receive ended with the socket empty (not at its round limit).
+    drained: bool,
 }
 
 impl std::fmt::Debug for RxState {
@@ -169,6 +176,7 @@ impl Engine {
             rx: Mutex::new(RxState {
                 batch: RxBatch::new(RX_BATCH, MAX_DATAGRAM),
                 work: RxWork::default(),
+                drained: false,
             }),
             clock,
             mode,
@@ -187,6 +195,8 @@ impl Engine {
             empty_polls: AtomicU32::new(0),
             spinner_wanted: AtomicBool::new(false),
             posted: AtomicBool::new(false),
+            drained_at: AtomicU64::new(0),
+            drain_skips: AtomicU32::new(0),
         })
     }
 
@@ -280,10 +290,14 @@ impl Engine {
         res
     }
 
-    /// A send was posted (see `posted`); a store only when the flag changes.
+    /// A send was posted (see `posted`); a store only when the flag changes. The application
+    /// answered what it drained: its next polls look at the socket again (`drained_at`).
     fn note_post(&self) {
         if !self.posted.load(Ordering::Relaxed) {
             self.posted.store(true, Ordering::Relaxed);
+        }
+        if self.drained_at.load(Ordering::Relaxed) != 0 {
+            self.drained_at.store(0, Ordering::Relaxed);
         }
     }
 

@@ -15,7 +15,7 @@ use super::rq::{RecvWqe, Srq};
 use super::sq::SendSide;
 use super::timer::{ack_timeout_ns, earliest};
 use super::unreliable::DatagramSource;
-use super::wr::{RecvWr, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion};
+use super::wr::{RecvWr, SendWr, SgList, Sge, WcOpcode, WcStatus, WorkCompletion};
 use super::{
     CreateError, MAX_MSG_SIZE, MAX_OVERHEAD, MAX_SGE, ModifyError, PostError, QpType, qp_state::Mtu,
 };
@@ -297,6 +297,16 @@ impl Qp {
     /// Receives posted to the QP's own receive queue and not yet consumed.
     pub fn recv_queue_len(&self) -> usize {
         self.recv.rq.len()
+    }
+
+    /// Where the next incoming message would land: the first entry of the receive it would
+    /// take (this QP's own queue, or `srq`'s head), with the QP's access context; `None` when
+    /// no receive is posted or the entry is empty. A hint for warming the cache
+    /// ([`MemoryAccess::warm`]): nothing is taken or checked.
+    pub fn next_recv_buffer(&self, srq: Option<&Srq>) -> Option<(AccessCtx, Sge)> {
+        let w = self.recv.next_recv(srq)?;
+        let first = *w.sges.as_slice().first()?;
+        (first.length > 0).then(|| (self.actx(), first))
     }
 
     fn actx(&self) -> AccessCtx {

@@ -404,6 +404,15 @@ impl RecvSide {
         }
     }
 
+    /// The receive the next message would take (see [`RecvSide::take_recv`]), left posted.
+    pub(super) fn next_recv<'a>(&'a self, srq: Option<&'a Srq>) -> Option<&'a RecvWqe> {
+        match (self.srq_id, srq) {
+            (None, _) => self.rq.front(),
+            (Some(id), Some(s)) if s.id() == id => s.front(),
+            _ => None,
+        }
+    }
+
     pub(super) fn take_recv(&mut self, srq: Option<&mut Srq>) -> Option<RecvWqe> {
         match (self.srq_id, srq) {
             (None, _) => self.rq.pop(),

@@ -51,6 +51,10 @@ impl RecvQueue {
     pub fn names_key(&self, names: &dyn Fn(u32) -> bool) -> bool {
         self.q.iter().any(|w| w.sges.names_key(names))
     }
+    /// The oldest WQE, which the next message takes.
+    pub fn front(&self) -> Option<&RecvWqe> {
+        self.q.front()
+    }
     /// Take the oldest WQE.
     pub fn pop(&mut self) -> Option<RecvWqe> {
         self.q.pop_front()
@@ -111,6 +115,10 @@ impl Srq {
     /// Posted receives not yet consumed.
     pub fn len(&self) -> usize {
         self.rq.len()
+    }
+    /// The receive the next message of any of its QPs takes.
+    pub fn front(&self) -> Option<&RecvWqe> {
+        self.rq.front()
     }
     /// True when no receive is posted.
     pub fn is_empty(&self) -> bool {

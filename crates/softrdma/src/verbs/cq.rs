@@ -77,9 +77,10 @@ impl Cq {
     /// Move up to `wc.len()` completions into `wc` (`ibv_poll_cq`). In busy-poll mode a poll
     /// that finds the CQ empty first receives and processes whatever packets are waiting (one
     /// that finds completions returns them at once: receiving first would cost a system call
-    /// on the way to each); a poll of an armed CQ (the last look before waiting for its
-    /// event) does not make the thread a busy poller, so the engine thread keeps the receive
-    /// path while it sleeps.
+    /// on the way to each), except the first two such polls after a receive that emptied the
+    /// socket, before the application posts (it drains its CQ: `params::DRAIN_SKIP`); a poll
+    /// of an armed CQ (the last look before waiting for its event) does not make the thread a
+    /// busy poller, so the engine thread keeps the receive path while it sleeps.
     ///
     /// A completion in error (other than flushed) reports its QP's
     /// [`AsyncEvent::QpFatal`](super::AsyncEvent::QpFatal), once per QP.
@@ -117,7 +118,7 @@ impl Cq {
             engine.polled(active);
             return n;
         }
-        engine.progress_as(false, active);
+        engine.poll_progress(active);
         self.core.poll(wc)
     }
 

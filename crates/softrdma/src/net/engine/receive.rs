@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 
 use super::{Engine, PollMode, RX_BATCH, RxState};
 use crate::net::endpoint::ACK_DELAY;
-use crate::params::{RARE_POLLER_EMPTY_MAX, RARE_POLLER_FINDS, SPINNER_GRACE};
+use crate::params::{
+    DRAIN_SKIP, DRAIN_SKIPS, RARE_POLLER_EMPTY_MAX, RARE_POLLER_FINDS, SPINNER_GRACE,
+};
 
 impl Engine {
     /// Receive and process what is queued on the socket, if no other thread is doing so.
@@ -18,10 +20,26 @@ impl Engine {
     /// (busy-poll mode), one that is about to sleep until a completion event (its CQ is armed)
     /// does not.
     pub fn progress_as(&self, timers: bool, active: bool) -> usize {
+        self.progress_inner(timers, active, false)
+    }
+
+    /// The progress of a CQ poll that found the CQ empty ([`Cq::poll`](crate::verbs::Cq::poll)):
+    /// [`Engine::progress_as`], except that in busy-poll mode the first polls after a receive
+    /// that emptied the socket leave it alone while the application drains its CQ
+    /// ([`DRAIN_SKIP`]).
+    pub fn poll_progress(&self, active: bool) -> usize {
+        self.progress_inner(false, active, true)
+    }
+
+    fn progress_inner(&self, timers: bool, active: bool, cq_poll: bool) -> usize {
         // The application's last sign of life before this poll: a poll, a post or a
         // receive batch (see `note_find`).
         let before = self.last_poll.load(Ordering::Relaxed);
         let (now, served) = self.polled_at(active);
+        let draining = cq_poll && self.mode == PollMode::BusyPoll;
+        if draining && self.skips_socket(now) {
+            return 0;
+        }
         let Ok(mut rx) = self.rx.try_lock() else {
             return 0;
         };
@@ -29,6 +47,11 @@ impl Engine {
         // while.
         let defer_acks = self.mode == PollMode::BusyPoll && active;
         let mut done = self.receive_at(&mut rx, defer_acks, active, now);
+        if draining && done > 0 && rx.drained {
+            // The socket is empty: the application drains what this brought.
+            self.drained_at.store(now.max(1), Ordering::Relaxed);
+            self.drain_skips.store(0, Ordering::Relaxed);
+        }
         if defer_acks && (done > 0 || served) {
             // The poll's own work is no absence: READ requests are answered from it (a
             // 64 KiB response takes 15-20 us to send), and the next poll, measured from this
@@ -78,6 +101,24 @@ impl Engine {
             (a, b) => a.or(b),
         };
         (done, next)
+    }
+
+    /// Busy-poll mode: whether an active poll at `now` that found its CQ empty leaves the
+    /// socket alone, being one of the first [`DRAIN_SKIPS`] since a receive that emptied it,
+    /// within [`DRAIN_SKIP`] and before any post (the application draining its CQ: see
+    /// `DRAIN_SKIP`).
+    fn skips_socket(&self, now: u64) -> bool {
+        let at = self.drained_at.load(Ordering::Relaxed);
+        if at == 0 {
+            return false;
+        }
+        if now.saturating_sub(at) > DRAIN_SKIP
+            || self.drain_skips.fetch_add(1, Ordering::Relaxed) >= DRAIN_SKIPS
+        {
+            self.drained_at.store(0, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Busy-poll mode, after an active poll at `now` that handled `done` packets, or a poll
@@ -173,12 +214,13 @@ impl Engine {
         }
         let mut done = 0;
         let mut now = now;
+        // Cleared while the rounds' limit could end the loop with datagrams left.
+        rx.drained = false;
         for round in 0..8 {
-            let n = match self.port.recv(&mut rx.batch) {
-                Ok(n) => n,
-                Err(_) => break,
-            };
+            // An error (`WouldBlock`: nothing queued) received nothing.
+            let n = self.port.recv(&mut rx.batch).unwrap_or(0);
             if n == 0 {
+                rx.drained = true;
                 break;
             }
             self.ep
@@ -201,6 +243,7 @@ impl Engine {
                 self.ep.flush_pending(&mut rx.work, true, self);
             }
             if n < RX_BATCH {
+                rx.drained = true;
                 break;
             }
         }
@@ -227,6 +270,9 @@ impl Engine {
                 .counters
                 .rx_packets
                 .fetch_add(done as u64, Ordering::Relaxed);
+        } else {
+            // Nothing arrived: time to warm the next receive buffer.
+            self.ep.warm_next_recv(&mut rx.work);
         }
         done
     }
