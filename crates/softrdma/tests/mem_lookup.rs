@@ -1099,3 +1099,71 @@ fn warming_a_buffer_is_a_silent_hint() {
     );
     t.dereg_mr(r.lkey).unwrap();
 }
+
+/// `lend_or_stage` (one lookup for a small payload by key, the transmit path's common case)
+/// answers as `lend` where that lends, and as `stage` where it does not (raw memory, a window),
+/// with `lend`'s errors.
+#[test]
+fn lend_or_stage_is_a_lend_or_else_a_staged_copy() {
+    let t = table();
+    let pd = t.alloc_pd().unwrap();
+    let other = t.alloc_pd().unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 253) as u8).collect();
+    let owned = t
+        .reg_mr(pd, MemSource::owned(data.clone()), LW, None)
+        .unwrap();
+    let l = t
+        .lend_or_stage(ctx(pd), owned.lkey, owned.iova + 5, 64, Access::NONE)
+        .unwrap()
+        .unwrap();
+    // Lent where it lies: the bytes are the region's own.
+    let region_ptr = owned.addr + 5;
+    assert_eq!(l.iovec().iov_base as usize, region_ptr);
+    assert_eq!(crc_of(&l), crc(&data[5..69]));
+    drop(l);
+
+    let mut buf = data.clone();
+    // SAFETY: `buf` outlives the registration (deregistered below) and is not touched meanwhile.
+    let raw = unsafe { MemSource::raw(buf.as_mut_ptr(), buf.len()) };
+    let r = t.reg_mr(pd, raw, LW, None).unwrap();
+    let l = t
+        .lend_or_stage(ctx(pd), r.lkey, r.iova + 100, 8, Access::NONE)
+        .unwrap()
+        .expect("raw memory is staged");
+    assert_ne!(l.iovec().iov_base as usize, buf.as_ptr() as usize + 100);
+    assert_eq!(crc_of(&l), crc(&data[100..108]));
+    drop(l);
+    assert!(
+        t.lend_or_stage(ctx(pd), r.lkey, r.iova, 0, Access::NONE)
+            .unwrap()
+            .is_none(),
+        "nothing to stage"
+    );
+    assert!(
+        t.lend_or_stage(ctx(pd), r.lkey, r.iova, 4096, Access::NONE)
+            .unwrap()
+            .is_some_and(|l| l.len() == 4096)
+    );
+
+    // The errors of `lend`.
+    let both = |c, key, iova, len| {
+        (
+            t.lend_or_stage(c, key, iova, len, Access::NONE)
+                .map(|l| l.is_some()),
+            t.lend(c, key, iova, len, Access::NONE).map(|_| true),
+        )
+    };
+    for (c, key, iova, len) in [
+        (ctx(pd), r.lkey, r.iova + 4090, 7),
+        (ctx(other), r.lkey, r.iova, 8),
+        (ctx(pd), r.lkey ^ 0x100, r.iova, 8),
+        (ctx(pd), owned.lkey, owned.iova + 4090, 7),
+    ] {
+        let (a, b) = both(c, key, iova, len);
+        assert!(a.is_err(), "{a:?}");
+        assert_eq!(a.unwrap_err(), b.unwrap_err());
+    }
+    t.dereg_mr(r.lkey).unwrap();
+    t.dereg_mr(owned.lkey).unwrap();
+    drop(buf);
+}

@@ -208,6 +208,23 @@ pub trait MemoryAccess {
         Ok(None)
     }
 
+    /// [`MemoryAccess::lend`], or, where that would not lend (memory that is copied: raw
+    /// memory, windows), [`MemoryAccess::stage`]; an implementation may do both with one
+    /// lookup. Errors are those of `lend`.
+    fn lend_or_stage(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<super::Lent>, AccessError> {
+        match self.lend(ctx, key, iova, len, access)? {
+            Some(l) => Ok(Some(l)),
+            None => self.stage(ctx, key, iova, len, access),
+        }
+    }
+
     /// Bring the first bytes of `[iova, iova+len)` under `key` toward this CPU's cache (a
     /// receive buffer the next message will land in). A hint only: nothing is copied,
     /// nothing can fault, and a key or range that does not resolve is ignored, not reported.

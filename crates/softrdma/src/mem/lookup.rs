@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::copy::{self, CopyMode, WARM_MAX};
-use super::region::MrState;
+use super::region::{Mr, MrState};
 use super::table::{Entry, read};
 use super::{
     Access, AccessCtx, AccessError, AtomicOp, Invalidator, Lent, MemoryAccess, MemoryTable,
@@ -124,6 +124,21 @@ impl MemoryTable {
         need: Access,
         f: impl FnOnce(*mut u8, CopyMode) -> Result<R, AccessError>,
     ) -> Result<R, AccessError> {
+        self.with_target_region(ctx, key, iova, len, need, |p, m, _| f(p, m))
+    }
+
+    /// [`MemoryTable::with_target_inner`], with `f` also given the region when `key` names one
+    /// (not a window): what a lend counts against.
+    #[inline]
+    fn with_target_region<R>(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        need: Access,
+        f: impl FnOnce(*mut u8, CopyMode, Option<&Arc<Mr>>) -> Result<R, AccessError>,
+    ) -> Result<R, AccessError> {
         let mode = |st: &MrState| self.copy_mode(st);
         // A fault while the watcher has an unread event, or gets one within a few
         // milliseconds, is the window between a move or unmap and the watcher's reaction:
@@ -149,8 +164,10 @@ impl MemoryTable {
             Entry::Mr { key: k, mr } if *k == key => {
                 let st = read(&mr.state);
                 let before = mr.faulted.load(std::sync::atomic::Ordering::Acquire);
-                let (r, faulted) =
-                    classify(f(st.resolve(key, ctx, iova, len, need)?, mode(&st)), before);
+                let (r, faulted) = classify(
+                    f(st.resolve(key, ctx, iova, len, need)?, mode(&st), Some(mr)),
+                    before,
+                );
                 drop(st);
                 (r, faulted.then(|| (key, Arc::clone(mr))))
             }
@@ -161,7 +178,7 @@ impl MemoryTable {
                     .as_ref()
                     .is_some_and(|b| b.parent.faulted.load(std::sync::atomic::Ordering::Acquire));
                 let r = mw.access(ctx, iova, len, need, |p, st| {
-                    let (r, fault) = classify(f(p, mode(st)), before);
+                    let (r, fault) = classify(f(p, mode(st), None), before);
                     faulted = fault;
                     r
                 });
@@ -291,6 +308,34 @@ impl MemoryAccess for MemoryTable {
             copy::prefetch_lines(p, len as usize);
             Ok(())
         });
+    }
+
+    fn lend_or_stage(
+        &self,
+        ctx: AccessCtx,
+        key: u32,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Option<Lent>, AccessError> {
+        let Ok(n) = usize::try_from(len) else {
+            return Ok(None);
+        };
+        let r = self.with_target_region(ctx, key, iova, len, access, |p, m, mr| {
+            // As `lend`: only a region's plainly copied memory is lent where it lies.
+            if let (CopyMode::Plain, Some(mr)) = (m, mr) {
+                return Ok(Some(Lent::new(mr, p, n)));
+            }
+            // As `stage`.
+            if n == 0 || n > STAGE_MAX {
+                return Ok(None);
+            }
+            Lent::staged(n, |buf| {
+                // SAFETY: as in `read`: a validated range of a live region, guards held.
+                unsafe { copy::fetch(m, p, buf) }.map_err(|_| AccessError::Fault(key))
+            })
+        });
+        self.noting_violation(ctx, key, r)
     }
 
     fn atomic(
