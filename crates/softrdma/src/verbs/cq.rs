@@ -77,8 +77,9 @@ impl Cq {
     /// Move up to `wc.len()` completions into `wc` (`ibv_poll_cq`). In busy-poll mode a poll
     /// that finds the CQ empty first receives and processes whatever packets are waiting (one
     /// that finds completions returns them at once: receiving first would cost a system call
-    /// on the way to each), except the first two such polls after a receive that emptied the
-    /// socket, before the application posts (it drains its CQ: `params::DRAIN_SKIP`); a poll
+    /// on the way to each), except the first two such polls of unarmed CQs after a receive
+    /// that emptied the socket, before the application posts (it drains its CQ:
+    /// `params::DRAIN_SKIP`); a poll
     /// of an armed CQ (the last look before waiting for its event) does not make the thread a
     /// busy poller, so the engine thread keeps the receive path while it sleeps.
     ///

@@ -24,9 +24,9 @@ impl Engine {
     }
 
     /// The progress of a CQ poll that found the CQ empty ([`Cq::poll`](crate::verbs::Cq::poll)):
-    /// [`Engine::progress_as`], except that in busy-poll mode the first polls after a receive
-    /// that emptied the socket leave it alone while the application drains its CQ
-    /// ([`DRAIN_SKIP`]).
+    /// [`Engine::progress_as`], except that in busy-poll mode the first `active` polls (of CQs
+    /// that are not armed) after such a poll's receive that emptied the socket leave it alone
+    /// while the application drains its CQ ([`DRAIN_SKIP`]).
     pub fn poll_progress(&self, active: bool) -> usize {
         self.progress_inner(false, active, true)
     }
@@ -36,7 +36,9 @@ impl Engine {
         // receive batch (see `note_find`).
         let before = self.last_poll.load(Ordering::Relaxed);
         let (now, served) = self.polled_at(active);
-        let draining = cq_poll && self.mode == PollMode::BusyPoll;
+        // Not for a poll of an armed CQ: the last look before its thread sleeps receives (and
+        // lets held acknowledgements go) as before.
+        let draining = cq_poll && active && self.mode == PollMode::BusyPoll;
         if draining && self.skips_socket(now) {
             return 0;
         }
