@@ -292,11 +292,9 @@ impl MemoryAccess for MemoryTable {
         if n == 0 || n > STAGE_MAX {
             return Ok(None);
         }
-        self.with_target(ctx, key, iova, len, access, |p, m| {
-            Lent::staged(n, |buf| {
-                // SAFETY: as in `read`: a validated range of a live region, guards held.
-                unsafe { copy::fetch(m, p, buf) }.map_err(|_| AccessError::Fault(key))
-            })
+        // SAFETY: `p` is the validated range `with_target` passes, its guards held.
+        self.with_target(ctx, key, iova, len, access, |p, m| unsafe {
+            staged_copy(p, n, m, key)
         })
     }
 
@@ -327,13 +325,8 @@ impl MemoryAccess for MemoryTable {
                 return Ok(Some(Lent::new(mr, p, n)));
             }
             // As `stage`.
-            if n == 0 || n > STAGE_MAX {
-                return Ok(None);
-            }
-            Lent::staged(n, |buf| {
-                // SAFETY: as in `read`: a validated range of a live region, guards held.
-                unsafe { copy::fetch(m, p, buf) }.map_err(|_| AccessError::Fault(key))
-            })
+            // SAFETY: `p` is the validated range `with_target_region` passes, its guards held.
+            unsafe { staged_copy(p, n, m, key) }
         });
         self.noting_violation(ctx, key, r)
     }
@@ -362,4 +355,25 @@ impl MemoryAccess for MemoryTable {
     fn bind_mw(&self, ctx: AccessCtx, b: super::MwBind) -> Result<(), AccessError> {
         self.bind_wr(ctx, b)
     }
+}
+
+/// A staged copy of the `n` bytes at `p` ([`MemoryAccess::stage`] once the range is
+/// validated): none for no bytes or more than [`STAGE_MAX`]; a fault is `key`'s.
+///
+/// # Safety
+/// `p..p+n` must be a validated range of a live region (or window) of `key`, copied in mode
+/// `m`, whose guards the caller holds until this returns.
+unsafe fn staged_copy(
+    p: *const u8,
+    n: usize,
+    m: CopyMode,
+    key: u32,
+) -> Result<Option<Lent>, AccessError> {
+    if n == 0 || n > STAGE_MAX {
+        return Ok(None);
+    }
+    Lent::staged(n, |buf| {
+        // SAFETY: forwarded from the caller (as in `read`).
+        unsafe { copy::fetch(m, p, buf) }.map_err(|_| AccessError::Fault(key))
+    })
 }
